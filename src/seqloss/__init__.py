@@ -1,0 +1,14 @@
+"""seqloss: exact, fast, memory-lean alignment-free sequence losses for PyTorch."""
+
+from __future__ import annotations
+
+from ._errors import InputError
+from .ctc import CTCLoss, ctc_loss
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CTCLoss",
+    "InputError",
+    "ctc_loss",
+]

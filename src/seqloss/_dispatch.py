@@ -1,0 +1,85 @@
+"""The single dispatch point: (family, device, backend) -> kernel.
+
+``"auto"`` picks Triton on CUDA, Numba on CPU when it is installed, and the
+pure-PyTorch reference otherwise. An explicitly requested backend that is not
+available raises; nothing ever falls back silently. The environment variable
+``SEQLOSS_BACKEND`` sets the default for ``backend="auto"``.
+
+Every backend module ``seqloss.kernels.<backend>.<family>`` (or
+``seqloss.reference.<family>``) exposes the same functions with the same
+signatures, so the callers never branch on the backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+
+import torch
+
+from ._errors import InputError
+from ._types import BACKENDS
+
+_MODULES = {
+    "reference": "seqloss.reference.{family}",
+    "numba": "seqloss.kernels.numba_cpu.{family}",
+    "triton": "seqloss.kernels.triton_cuda.{family}",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _available(backend: str) -> bool:
+    if backend == "reference":
+        return True
+    name = "numba" if backend == "numba" else "triton"
+    return importlib.util.find_spec(name) is not None
+
+
+def _triton_runs_on(device: torch.device) -> bool:
+    # The interpreter (TRITON_INTERPRET=1) runs Triton kernels on CPU tensors.
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Turn ``backend`` ("auto" or a name) into a concrete backend for ``device``.
+
+    Raises:
+        InputError: unknown name, or a backend that cannot run on ``device``.
+        ImportError: the backend's package (numba, triton) is not installed.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    if backend == "auto":
+        backend = os.environ.get("SEQLOSS_BACKEND", "auto") or "auto"
+        if backend == "auto":
+            if device.type == "cuda" and _available("triton"):
+                return "triton"
+            if device.type == "cpu" and _available("numba"):
+                return "numba"
+            return "reference"
+        where = f"SEQLOSS_BACKEND={backend!r}"
+    else:
+        where = f"backend={backend!r}"
+    if backend not in BACKENDS:
+        raise InputError(f"{where}: expected one of 'auto', {', '.join(map(repr, BACKENDS))}")
+    if not _available(backend):
+        raise ImportError(
+            f"{where} was requested but the '{backend}' package is not installed "
+            f"(pip install {backend}); use backend='reference' or 'auto'"
+        )
+    if backend == "numba" and device.type != "cpu":
+        raise InputError(f"{where}: the Numba kernels run on CPU tensors, got {device.type}")
+    if backend == "triton" and not _triton_runs_on(device):
+        raise InputError(
+            f"{where}: the Triton kernels run on CUDA tensors (or on CPU with "
+            f"TRITON_INTERPRET=1), got {device.type}"
+        )
+    return backend
+
+
+def kernel_module(family: str, backend: str) -> ModuleType:
+    """The module implementing ``family`` ("ctc", "transducer", ...) on ``backend``."""
+    return importlib.import_module(_MODULES[backend].format(family=family))

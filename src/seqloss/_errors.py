@@ -1,0 +1,12 @@
+"""The error type raised for bad input."""
+
+from __future__ import annotations
+
+
+class InputError(ValueError, RuntimeError):
+    """Bad input to a seqloss function.
+
+    A subclass of both ``ValueError`` and ``RuntimeError``, so code written for
+    torch's ``RuntimeError`` keeps working. The message names the argument, the
+    offending batch index where there is one, and what was expected.
+    """

@@ -1,0 +1,177 @@
+"""Input checks shared by every loss.
+
+Shape and dtype checks run in the public functions (they only read metadata, so
+they also run while tracing). Checks that read values (lengths, ids) run inside
+the op implementations, eagerly, so ``torch.compile`` never graph-breaks on them.
+Every message names the argument, the batch index where there is one, and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ._errors import InputError
+from ._types import REDUCTIONS
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_float_tensor(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}"
+        )
+    return x
+
+
+def as_index_tensor(
+    x: object, name: str, device: torch.device, *, allow_scalar: bool = False
+) -> torch.Tensor:
+    """``x`` (int32/int64 tensor or a Python sequence of ints) as an int64 tensor."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
+        t = x
+    elif isinstance(x, bool):
+        raise TypeError(f"{name} must be an integer tensor or a sequence of ints, got bool")
+    elif isinstance(x, int) and allow_scalar:
+        t = torch.tensor(x, dtype=torch.int64)
+    elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        for i, v in enumerate(x):
+            if isinstance(v, bool) or not isinstance(v, int):
+                if isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() == 0:
+                    continue
+                raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
+        t = torch.tensor([int(v) for v in x], dtype=torch.int64)
+    else:
+        raise TypeError(
+            f"{name} must be an int32/int64 tensor or a sequence of ints, "
+            f"got {type(x).__name__}"
+        )
+    if t.dtype != torch.int64 or t.device != device:
+        t = t.to(device=device, dtype=torch.int64)
+    return t
+
+
+def check_ndim(x: torch.Tensor, name: str, ndims: Sequence[int], what: str) -> None:
+    if x.dim() not in ndims:
+        raise InputError(f"{name} must be {what}, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+
+
+def check_batch(x: torch.Tensor, name: str, batch: int) -> None:
+    if x.dim() != 1 or x.shape[0] != batch:
+        raise InputError(
+            f"{name} must have shape ({batch},) (one entry per batch item), got {tuple(x.shape)}"
+        )
+
+
+def check_reduction(reduction: object) -> None:
+    if reduction not in REDUCTIONS:
+        raise InputError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def check_lengths(lengths: torch.Tensor, name: str, upper: int, upper_what: str) -> torch.Tensor:
+    """Value check: ``0 <= lengths[b] <= upper``. Returns the lengths on the host."""
+    host = lengths.cpu()
+    bad = ((host < 0) | (host > upper)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        v = int(host[b])
+        why = "is negative" if v < 0 else f"exceeds {upper_what} = {upper}"
+        raise InputError(f"{name}[{b}] = {v} {why}")
+    return host
+
+
+def check_ids(
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    name: str,
+    num_classes: int,
+    blank: int,
+    *,
+    offsets: torch.Tensor | None = None,
+) -> None:
+    """Value check on target ids read by each sequence (padding is never read).
+
+    ``ids`` is ``(B, S)`` padded, or 1-D concatenated with per-item ``offsets``;
+    ``lengths`` is on the host. Ids must lie in ``[0, num_classes)`` and differ
+    from ``blank``.
+    """
+    if lengths.numel() == 0:
+        return
+    host = ids.cpu()
+    if offsets is None:
+        read = torch.arange(host.shape[1])[None, :] < lengths[:, None]
+    else:
+        if host.numel() == 0:
+            return
+        b_of = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        read = torch.ones(host.shape, dtype=torch.bool)
+    bad = read & ((host < 0) | (host >= num_classes) | (host == blank))
+    if bad.any():
+        if offsets is None:
+            b, s = (int(v) for v in bad.nonzero()[0])
+            v = int(host[b, s])
+            where = f"{name}[{b}, {s}]"
+        else:
+            i = int(bad.nonzero()[0, 0])
+            b = int(b_of[i])
+            s = i - int(offsets[b])
+            v = int(host[i])
+            where = f"{name}[{i}] (batch item {b}, position {s})"
+        if v == blank:
+            raise InputError(f"{where} = {v} equals blank = {blank}; targets may not contain blank")
+        raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
+
+
+def ctc_values(
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    T: int,
+    C: int,
+    blank: int,
+    *,
+    validate: bool,
+) -> torch.Tensor:
+    """Value checks for CTC; returns the targets as padded ``(B, S)`` int64.
+
+    Padding entries (past a target length) are replaced by 0, so no kernel ever
+    reads an unchecked id.
+    """
+    device = targets.device
+    if validate:
+        check_lengths(input_lengths, "input_lengths", T, "log_probs.size(0) (T)")
+        if targets.dim() == 2:
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[1], "targets.size(1)")
+        else:
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[0], "targets.numel()")
+            total = int(tl.sum())
+            if total != targets.shape[0]:
+                raise InputError(
+                    f"target_lengths sum to {total} but the concatenated 1-D targets hold "
+                    f"{targets.shape[0]} ids"
+                )
+        offsets = None if targets.dim() == 2 else torch.cumsum(tl, 0) - tl
+        check_ids(targets, tl, "targets", C, blank, offsets=offsets)
+        S = int(tl.max()) if tl.numel() else 0
+    else:
+        S = int(target_lengths.max()) if target_lengths.numel() else 0
+    if targets.dim() == 2:
+        S = targets.shape[1]
+        read = torch.arange(S, device=device)[None, :] < target_lengths[:, None]
+        return torch.where(read, targets, torch.zeros_like(targets)).contiguous()
+    lengths = target_lengths.to(device)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    pos = offsets[:, None] + torch.arange(S, device=device)[None, :]
+    read = torch.arange(S, device=device)[None, :] < lengths[:, None]
+    if targets.numel() == 0:
+        return torch.zeros((lengths.shape[0], S), dtype=torch.int64, device=device)
+    gathered = targets[pos.clamp(max=targets.numel() - 1)]
+    return torch.where(read, gathered, torch.zeros_like(gathered)).contiguous()

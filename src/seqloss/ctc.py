@@ -1,0 +1,162 @@
+"""Connectionist Temporal Classification (Graves et al., 2006)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import _ops, _validate
+from ._dispatch import resolve_backend
+from ._errors import InputError
+from ._reduce import reduce_ctc
+from ._types import Reduction
+
+IntsLike = Tensor | Sequence[int] | int
+
+
+def _targets_tensor(targets: object, device: torch.device) -> Tensor:
+    if isinstance(targets, Tensor):
+        if targets.dtype not in _validate.INDEX_DTYPES:
+            raise TypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
+        return targets.to(device=device, dtype=torch.int64)
+    if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
+        t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
+        if t.dtype not in _validate.INDEX_DTYPES:
+            raise TypeError(f"targets must hold ints, got {t.dtype}")
+        return t.to(device=device, dtype=torch.int64)
+    raise TypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+
+
+def ctc_loss(
+    log_probs: Tensor,
+    targets: Tensor | Sequence[int] | Sequence[Sequence[int]],
+    input_lengths: IntsLike,
+    target_lengths: IntsLike,
+    blank: int = 0,
+    reduction: Reduction = "mean",
+    zero_infinity: bool = False,
+    *,
+    fused_log_softmax: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    r"""CTC loss, a drop-in for :func:`torch.nn.functional.ctc_loss`.
+
+    Args:
+        log_probs: ``(T, B, C)`` or unbatched ``(T, C)`` log-probabilities
+            (float16, bfloat16, float32, float64; any layout, e.g. a transposed
+            ``(B, T, C)`` tensor). With ``fused_log_softmax=True``: unnormalized logits.
+        targets: padded ``(B, S)`` or concatenated 1-D ``(sum(target_lengths),)``
+            int32/int64 ids (unbatched: ``(S,)``). Entries past a target length are
+            padding: never read, never validated.
+        input_lengths: ``(B,)`` frames per sequence, ``<= T`` (tensor or ints).
+        target_lengths: ``(B,)`` labels per sequence.
+        blank: the blank class, ``0 <= blank < C``.
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the batch mean of
+            ``loss_b / max(target_length_b, 1)`` (torch's definition).
+        zero_infinity: impossible alignments give 0 instead of ``+inf``.
+        fused_log_softmax: take the log-softmax inside; the gradient is then with
+            respect to the logits directly (``softmax - occupation``), as warp-ctc.
+        backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
+            (default from ``SEQLOSS_BACKEND``).
+        validate: check lengths and ids (a device-to-host sync on CUDA). ``False``
+            skips the value checks at the caller's risk (e.g. for CUDA graphs).
+
+    Returns:
+        The loss: float32 for half inputs, else the input dtype.
+
+    The loss of sequence ``b`` is ``-log p(l | x)`` over the extended labels
+    ``l'`` = (blank, l_1, blank, ..., l_L, blank)::
+
+        alpha[t, s] = lp[t, l'_s] + logaddexp(alpha[t-1, s], alpha[t-1, s-1],
+                                              alpha[t-1, s-2] if l'_s != blank, l'_s != l'_{s-2})
+        -loss = logaddexp(alpha[T_b - 1, 2L], alpha[T_b - 1, 2L - 1])
+
+    computed exactly in log space, with no epsilon. An impossible alignment (too
+    few frames for the labels and their repeats) gives ``+inf`` and a zero
+    gradient; NaN or ``+inf`` in a read frame gives NaN for that sequence only.
+
+    Gradient: the true derivative with respect to ``log_probs``, minus the state
+    occupation, so :func:`torch.autograd.gradcheck` passes. torch returns
+    ``exp(log_probs) - occupation`` instead, which is right only when a
+    ``log_softmax`` sits upstream; through an upstream ``log_softmax`` both give
+    the same gradient on the logits.
+
+    Backends: reference (any device), numba (CPU), triton (CUDA).
+    Properties: autograd, torch.compile (fullgraph), deterministic.
+    """
+    _validate.check_float_tensor(log_probs, "log_probs")
+    _validate.check_reduction(reduction)
+    device = log_probs.device
+    if log_probs.dim() == 2:
+        tg = _targets_tensor(targets, device)
+        if tg.dim() != 1:
+            raise InputError(f"targets must be 1-D (S,) for unbatched (T, C) log_probs, got {tuple(tg.shape)}")
+        il = _validate.as_index_tensor(input_lengths, "input_lengths", device, allow_scalar=True).reshape(-1)
+        tl = _validate.as_index_tensor(target_lengths, "target_lengths", device, allow_scalar=True).reshape(-1)
+        _validate.check_batch(il, "input_lengths", 1)
+        _validate.check_batch(tl, "target_lengths", 1)
+        loss = ctc_loss(
+            log_probs.unsqueeze(1), tg.unsqueeze(0), il, tl, blank, "none", zero_infinity,
+            fused_log_softmax=fused_log_softmax, backend=backend, validate=validate,
+        )[0]
+        return loss if reduction != "mean" else loss / tl[0].clamp(min=1).to(loss.dtype)
+    _validate.check_ndim(log_probs, "log_probs", (3,), "(T, B, C) or (T, C)")
+    T, B, C = log_probs.shape
+    tg = _targets_tensor(targets, device)
+    _validate.check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
+    il = _validate.as_index_tensor(input_lengths, "input_lengths", device)
+    tl = _validate.as_index_tensor(target_lengths, "target_lengths", device)
+    _validate.check_batch(il, "input_lengths", B)
+    _validate.check_batch(tl, "target_lengths", B)
+    if tg.dim() == 2 and tg.shape[0] != B:
+        raise InputError(f"targets must have shape (B={B}, S), got {tuple(tg.shape)}")
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+    if not 0 <= blank < C:
+        raise InputError(f"blank = {blank} is out of range: expected 0 <= blank < C = {C}")
+    if C == 0:
+        raise InputError("log_probs must have at least one class (C >= 1)")
+    name = resolve_backend(backend, device)
+    compute_grad = torch.is_grad_enabled() and log_probs.requires_grad
+    loss, _ = _ops.ctc_loss_op(
+        log_probs, tg, il, tl, blank, bool(fused_log_softmax), name, compute_grad, bool(validate)
+    )
+    if zero_infinity:
+        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
+    loss = reduce_ctc(loss, tl, reduction)
+    if log_probs.dtype in (torch.float32, torch.float64):
+        loss = loss.to(log_probs.dtype)
+    return loss
+
+
+class CTCLoss(torch.nn.Module):
+    """Module wrapper of :func:`ctc_loss`; constructor takes its keyword arguments."""
+
+    def __init__(
+        self,
+        blank: int = 0,
+        reduction: Reduction = "mean",
+        zero_infinity: bool = False,
+        *,
+        fused_log_softmax: bool = False,
+        backend: str = "auto",
+        validate: bool = True,
+    ) -> None:
+        super().__init__()
+        self.blank = blank
+        self.reduction = reduction
+        self.zero_infinity = zero_infinity
+        self.fused_log_softmax = fused_log_softmax
+        self.backend = backend
+        self.validate = validate
+
+    def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: IntsLike,
+                target_lengths: IntsLike) -> Tensor:
+        return ctc_loss(
+            log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+            self.zero_infinity, fused_log_softmax=self.fused_log_softmax,
+            backend=self.backend, validate=self.validate,
+        )
