@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._errors import InputError
+from ._grad_clamp import grad_clamp
 from .ctc import CTCLoss, ctc_loss
 
 __version__ = "0.1.0"
@@ -11,4 +12,5 @@ __all__ = [
     "CTCLoss",
     "InputError",
     "ctc_loss",
+    "grad_clamp",
 ]

@@ -12,7 +12,6 @@ signatures, so the callers never branch on the backend.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -30,12 +29,17 @@ _MODULES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+# Looked up once at import (find_spec does not import the package); a plain dict
+# keeps resolve_backend traceable by torch.compile.
+_AVAILABLE = {
+    "reference": True,
+    "numba": importlib.util.find_spec("numba") is not None,
+    "triton": importlib.util.find_spec("triton") is not None,
+}
+
+
 def _available(backend: str) -> bool:
-    if backend == "reference":
-        return True
-    name = "numba" if backend == "numba" else "triton"
-    return importlib.util.find_spec(name) is not None
+    return _AVAILABLE[backend]
 
 
 def _triton_runs_on(device: torch.device) -> bool:
