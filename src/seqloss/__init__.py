@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._errors import InputError
 from ._grad_clamp import grad_clamp
 from .ctc import CTCLoss, ctc_loss
+from .diagnose import diagnose
 
 __version__ = "0.1.0"
 
@@ -12,5 +13,6 @@ __all__ = [
     "CTCLoss",
     "InputError",
     "ctc_loss",
+    "diagnose",
     "grad_clamp",
 ]

@@ -1,0 +1,413 @@
+"""Per-sequence diagnostics of a loss call: why is this batch's loss inf or NaN?
+
+``diagnose("ctc", log_probs, targets, input_lengths, target_lengths, ...)`` runs
+the loss exactly as the caller would (same arguments, same validation: a bad
+argument raises the loss's own :class:`~seqloss.InputError`), with
+``reduction="none"`` and a gradient, and reports for each sequence:
+
+- feasibility: the frames an alignment needs against the frames given. CTC
+  needs ``L + r`` frames for ``L`` labels with ``r`` adjacent repeats (a blank
+  must separate two equal labels); a transducer needs ``T_b >= 1``;
+- the loss (``+inf`` for an impossible alignment, NaN for non-finite input);
+- the first non-finite input value the sequence reads (NaN or ``+inf`` in a
+  frame before its length; ``-inf`` is a valid, masked log-probability), with
+  its frame (and lattice row ``u`` for a transducer) and class, and how many;
+- the gradient's largest magnitude over the sequence;
+- the smallest finite log-probability read (how far below zero the inputs
+  reach: a scale problem shows up here), and whether the inputs look like
+  normalized log-probabilities when they are taken as such;
+- a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import _validate
+from ._errors import InputError
+
+KINDS = ("ctc", "rnnt")
+
+# The largest |logsumexp over classes| of a frame still taken as normalized:
+# log_softmax itself rounds to about this in each dtype.
+_NORM_TOL = {torch.float16: 2e-2, torch.bfloat16: 1e-1, torch.float32: 1e-3, torch.float64: 1e-6}
+
+
+@dataclass
+class NonFinite:
+    """The first non-finite value a sequence reads (in frame, then row, then class order)."""
+
+    value: str  # "nan" or "+inf"
+    frame: int
+    cls: int
+    u: int | None = None  # lattice row (transducers only)
+    count: int = 1  # non-finite values read by this sequence, in all
+
+    def where(self) -> str:
+        row = "" if self.u is None else f", u {self.u}"
+        more = f" ({self.count} non-finite values in all)" if self.count > 1 else ""
+        name = "NaN" if self.value == "nan" else "+inf"
+        return f"{name} at frame {self.frame}{row}, class {self.cls}{more}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"value": self.value, "frame": self.frame, "class": self.cls}
+        if self.u is not None:
+            d["u"] = self.u
+        d["count"] = self.count
+        return d
+
+
+@dataclass
+class SequenceDiagnosis:
+    """What :func:`diagnose` found for one sequence of the batch."""
+
+    index: int
+    frames: int  # T_b: frames given
+    frames_needed: int  # the fewest frames an alignment needs
+    target_length: int
+    repeats: int | None  # adjacent equal labels (CTC only)
+    feasible: bool
+    loss: float
+    nonfinite: NonFinite | None
+    grad_max: float  # max |d loss_b / d input| over the sequence (NaN if any is NaN)
+    min_log_prob: float | None  # smallest finite log-probability read; None if none read
+    max_norm_error: float | None  # max |logsumexp over classes| of a read frame (if not fused)
+    status: str  # "ok", "warning", "infeasible" or "nonfinite"
+    verdict: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("ok", "warning")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nonfinite"] = None if self.nonfinite is None else self.nonfinite.to_dict()
+        for k in ("loss", "grad_max", "min_log_prob", "max_norm_error"):
+            d[k] = _json_float(d[k])
+        return d
+
+
+@dataclass
+class Diagnosis:
+    """The report of :func:`diagnose`: the call's setting and one entry per sequence."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    backend: str
+    blank: int
+    fused_log_softmax: bool
+    zero_infinity: bool
+    sequences: list[SequenceDiagnosis] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No sequence is infeasible or reads non-finite input."""
+        return all(s.ok for s in self.sequences)
+
+    @property
+    def infeasible(self) -> list[int]:
+        return [s.index for s in self.sequences if s.status == "infeasible"]
+
+    @property
+    def nonfinite(self) -> list[int]:
+        return [s.index for s in self.sequences if s.status == "nonfinite"]
+
+    @property
+    def warnings(self) -> list[int]:
+        return [s.index for s in self.sequences if s.status == "warning"]
+
+    def summary(self) -> str:
+        n = len(self.sequences)
+        parts = []
+        if self.nonfinite:
+            parts.append(f"{len(self.nonfinite)} with non-finite input {self.nonfinite}")
+        if self.infeasible:
+            parts.append(f"{len(self.infeasible)} infeasible {self.infeasible}")
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} with warnings {self.warnings}")
+        if not parts:
+            return f"all {n} sequences ok"
+        return f"{n} sequences: " + "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serializable dict (non-finite floats as the strings "inf", "-inf", "nan")."""
+        return {
+            "kind": self.kind,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "device": self.device,
+            "backend": self.backend,
+            "blank": self.blank,
+            "fused_log_softmax": self.fused_log_softmax,
+            "zero_infinity": self.zero_infinity,
+            "ok": self.ok,
+            "summary": self.summary(),
+            "sequences": [s.to_dict() for s in self.sequences],
+        }
+
+    def __str__(self) -> str:
+        head = (
+            f"seqloss.diagnose: {self.kind}, input {tuple(self.shape)} {self.dtype} on "
+            f"{self.device}, backend {self.backend}, blank {self.blank}"
+            + (", fused log-softmax" if self.fused_log_softmax else "")
+            + (", zero_infinity" if self.zero_infinity else "")
+        )
+        cols = ["#", "frames", "needed", "labels", "loss", "max|grad|", "min logp", "verdict"]
+        rows = []
+        for s in self.sequences:
+            rows.append([
+                str(s.index),
+                str(s.frames),
+                str(s.frames_needed),
+                str(s.target_length),
+                _fmt(s.loss),
+                _fmt(s.grad_max),
+                "-" if s.min_log_prob is None else _fmt(s.min_log_prob),
+                s.verdict,
+            ])
+        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
+                  for i, c in enumerate(cols)]
+        right = set(range(len(cols) - 1))
+
+        def line(cells: list[str]) -> str:
+            out = [c.rjust(w) if i in right else c for i, (c, w) in enumerate(zip(cells, widths))]
+            return "  ".join(out).rstrip()
+
+        body = [line(cols)] + [line(r) for r in rows]
+        return "\n".join([head, *body, self.summary()])
+
+
+def _json_float(x: float | None) -> float | str | None:
+    if x is None or math.isfinite(x):
+        return x
+    if math.isnan(x):
+        return "nan"
+    return "inf" if x > 0 else "-inf"
+
+
+def _fmt(x: float) -> str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        return f"{x:.3g}"
+    return f"{x:.4f}"
+
+
+# --------------------------------------------------------------------------- analysis
+def _loss_fn(kind: str):
+    import seqloss
+
+    if kind == "ctc":
+        return seqloss.ctc_loss
+    fn = getattr(seqloss, "rnnt_loss", None)
+    if fn is None:
+        raise NotImplementedError("diagnose('rnnt', ...) needs seqloss.rnnt_loss, absent from this build")
+    return fn
+
+
+def _first_nonfinite(bad: Tensor, values: Tensor, with_u: bool) -> NonFinite | None:
+    """``bad``: one sequence's mask over its read region, ``(T, C)`` or ``(T, U+1, V)``."""
+    count = int(bad.sum())
+    if count == 0:
+        return None
+    idx = [int(i) for i in bad.nonzero()[0]]
+    v = values[tuple(idx)]
+    kind = "nan" if bool(torch.isnan(v)) else "+inf"
+    if with_u:
+        return NonFinite(kind, frame=idx[0], u=idx[1], cls=idx[2], count=count)
+    return NonFinite(kind, frame=idx[0], cls=idx[1], count=count)
+
+
+def _scan(lp: Tensor, read: Tensor, check_norm: bool) -> tuple[float | None, float | None]:
+    """Smallest finite value read, and max |logsumexp over classes| of read frames."""
+    finite = torch.isfinite(lp) & read[..., None]
+    mn = float(lp[finite].min()) if bool(finite.any()) else None
+    err = None
+    if check_norm:
+        frames_ok = read & ~torch.isnan(lp).any(-1) & ~(lp == float("inf")).any(-1)
+        if bool(frames_ok.any()):
+            lse = torch.logsumexp(lp[frames_ok].double(), dim=-1)
+            lse = lse[torch.isfinite(lse)]
+            err = float(lse.abs().max()) if lse.numel() else None
+    return mn, err
+
+
+def _verdict(
+    s_feasible: bool, needed: int, given: int, L: int, repeats: int | None, loss: float,
+    nonfinite: NonFinite | None, norm_err: float | None, norm_tol: float, zero_infinity: bool,
+    kind: str, fused: bool,
+) -> tuple[str, str]:
+    if nonfinite is not None:
+        return "nonfinite", f"non-finite input: {nonfinite.where()} -> NaN loss and gradient"
+    if not s_feasible:
+        if kind == "ctc":
+            why = f"{L} labels + {repeats} repeats" if repeats else f"{L} labels"
+            msg = f"infeasible: needs {needed} frames ({why}), has {given}"
+        else:
+            msg = "infeasible: zero frames (a transducer needs at least one)"
+        tail = " -> loss 0 (zero_infinity), zero gradient" if zero_infinity else " -> +inf loss, zero gradient"
+        return "infeasible", msg + tail
+    if math.isnan(loss):
+        return "nonfinite", "NaN loss without non-finite input (please report this as a seqloss bug)"
+    if math.isinf(loss):
+        return "warning", (
+            "warning: +inf loss though feasible: every alignment crosses a -inf log-probability "
+            "(a masked class on the path)"
+        )
+    if norm_err is not None and norm_err > norm_tol:
+        what = "logits" if kind == "rnnt" else "log_probs"
+        hint = (
+            "pass fused_log_softmax=True for logits" if kind == "ctc"
+            else "drop fused_log_softmax=False for logits"
+        )
+        return "warning", (
+            f"warning: {what} are not normalized (|logsumexp over classes| up to {norm_err:.3g}): "
+            f"take log_softmax first, or {hint}"
+        )
+    return "ok", "ok"
+
+
+def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
+    """Run a loss on a batch and report, per sequence, what may be wrong with it.
+
+    Args:
+        kind: ``"ctc"`` (arguments of :func:`seqloss.ctc_loss`) or ``"rnnt"``
+            (arguments of :func:`seqloss.rnnt_loss`).
+        *loss_args, **loss_kwargs: the loss's arguments, as they would be passed
+            to it. ``reduction`` is ignored (the per-sequence losses are
+            reported); everything else (``blank``, ``zero_infinity``,
+            ``fused_log_softmax``, ``backend``, ...) applies.
+
+    Returns:
+        A :class:`Diagnosis`: ``str()`` gives a readable table, ``to_dict()`` a
+        JSON-serializable dict, ``.ok`` is False when a sequence is infeasible
+        or reads NaN/``+inf``.
+
+    Raises:
+        InputError, TypeError: the loss's own validation errors, unchanged.
+
+    Example::
+
+        >>> report = seqloss.diagnose("ctc", log_probs, targets, input_lengths, target_lengths)
+        >>> print(report)
+    """
+    if kind not in KINDS:
+        raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
+    fn = _loss_fn(kind)
+    bound = inspect.signature(fn).bind(*loss_args, **loss_kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    a["reduction"] = "none"
+    x_name = "log_probs" if kind == "ctc" else "logits"
+    x0 = _validate.check_float_tensor(a[x_name], x_name)
+    x = x0.detach().clone().requires_grad_(True)
+    a[x_name] = x
+    with torch.enable_grad():
+        loss = fn(*bound.args, **bound.kwargs)
+        (grad,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
+    if kind == "ctc":
+        return _diagnose_ctc(a, x.detach(), loss.detach(), grad)
+    return _diagnose_rnnt(a, x.detach(), loss.detach(), grad)
+
+
+def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
+    from .ctc import _targets_tensor
+
+    device = x.device
+    blank = int(a["blank"])
+    fused = bool(a.get("fused_log_softmax", False))
+    zero_inf = bool(a.get("zero_infinity", False))
+    tg = _targets_tensor(a["targets"], device)
+    il = _validate.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
+    tl = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
+    if x.dim() == 2:  # unbatched (T, C)
+        x, grad, loss = x.unsqueeze(1), grad.unsqueeze(1), loss.reshape(1)
+        tg, il, tl = tg.reshape(1, -1), il.reshape(1), tl.reshape(1)
+    T, B, C = x.shape
+    padded = _validate.ctc_values(tg, il, tl, T, C, blank, validate=False).cpu()
+    il, tl = il.cpu(), tl.cpu()
+    lp = torch.log_softmax(x.double(), dim=-1) if fused else x
+    tol = _NORM_TOL[x.dtype]
+    seqs = []
+    for b in range(B):
+        Tb, L = int(il[b]), int(tl[b])
+        lab = padded[b, :L]
+        repeats = int((lab[1:] == lab[:-1]).sum()) if L > 1 else 0
+        needed = L + repeats
+        feasible = Tb >= needed
+        xb = x[:Tb, b]  # the frames this sequence reads (every class)
+        bad = torch.isnan(xb) | (xb == float("inf"))
+        nf = _first_nonfinite(bad, xb, with_u=False)
+        read = torch.ones(Tb, dtype=torch.bool, device=device)
+        mn, err = _scan(lp[:Tb, b], read, check_norm=not fused)
+        g = grad[:Tb, b]
+        gmax = float(g.abs().float().amax()) if g.numel() else 0.0
+        lb = float(loss[b])
+        status, verdict = _verdict(feasible, needed, Tb, L, repeats, lb, nf, err, tol, zero_inf,
+                                   "ctc", fused)
+        seqs.append(SequenceDiagnosis(
+            index=b, frames=Tb, frames_needed=needed, target_length=L, repeats=repeats,
+            feasible=feasible, loss=lb, nonfinite=nf, grad_max=gmax, min_log_prob=mn,
+            max_norm_error=err, status=status, verdict=verdict,
+        ))
+    return Diagnosis(
+        kind="ctc", shape=tuple(a["log_probs"].shape), dtype=str(x.dtype).replace("torch.", ""),
+        device=str(device), backend=_backend_name(a, device), blank=blank,
+        fused_log_softmax=fused, zero_infinity=zero_inf, sequences=seqs,
+    )
+
+
+def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
+    device = x.device
+    B, T, U1, V = x.shape
+    blank = int(a.get("blank", -1))
+    blank = blank + V if blank < 0 else blank
+    fused = bool(a.get("fused_log_softmax", True))
+    zero_inf = bool(a.get("zero_infinity", False))
+    tl_ = _validate.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu()
+    ul_ = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu()
+    lp = torch.log_softmax(x.double(), dim=-1) if fused else x
+    tol = _NORM_TOL[x.dtype]
+    seqs = []
+    for b in range(B):
+        Tb, Ub = int(tl_[b]), int(ul_[b])
+        feasible = Tb >= 1
+        xb = x[b, :Tb, : Ub + 1]
+        bad = torch.isnan(xb) | (xb == float("inf"))
+        nf = _first_nonfinite(bad, xb, with_u=True)
+        read = torch.ones(xb.shape[:-1], dtype=torch.bool, device=device)
+        mn, err = _scan(lp[b, :Tb, : Ub + 1], read, check_norm=not fused)
+        g = grad[b]
+        gmax = float(g.abs().float().amax()) if g.numel() else 0.0
+        lb = float(loss[b])
+        status, verdict = _verdict(feasible, 1, Tb, Ub, None, lb, nf, err, tol, zero_inf,
+                                   "rnnt", fused)
+        seqs.append(SequenceDiagnosis(
+            index=b, frames=Tb, frames_needed=1, target_length=Ub, repeats=None,
+            feasible=feasible, loss=lb, nonfinite=nf, grad_max=gmax, min_log_prob=mn,
+            max_norm_error=err, status=status, verdict=verdict,
+        ))
+    return Diagnosis(
+        kind="rnnt", shape=tuple(x.shape), dtype=str(x.dtype).replace("torch.", ""),
+        device=str(device), backend=_backend_name(a, device), blank=blank,
+        fused_log_softmax=fused, zero_infinity=zero_inf, sequences=seqs,
+    )
+
+
+def _backend_name(a: dict, device: torch.device) -> str:
+    from ._dispatch import resolve_backend
+
+    try:
+        return resolve_backend(a.get("backend", "auto"), device)
+    except Exception:  # noqa: BLE001 - the loss already ran; the name is informative only
+        return str(a.get("backend", "auto"))
