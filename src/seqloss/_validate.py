@@ -175,3 +175,63 @@ def ctc_values(
         return torch.zeros((lengths.shape[0], S), dtype=torch.int64, device=device)
     gathered = targets[pos.clamp(max=targets.numel() - 1)]
     return torch.where(read, gathered, torch.zeros_like(gathered)).contiguous()
+
+
+def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
+    """``targets`` (int32/int64 tensor or a (nested) sequence of ints) as int64 on ``device``."""
+    if isinstance(targets, torch.Tensor):
+        if targets.dtype not in INDEX_DTYPES:
+            raise TypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
+        return targets.to(device=device, dtype=torch.int64)
+    if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
+        t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
+        if t.dtype not in INDEX_DTYPES:
+            raise TypeError(f"targets must hold ints, got {t.dtype}")
+        return t.to(device=device, dtype=torch.int64)
+    raise TypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+
+
+def ctc_inputs(
+    log_probs: torch.Tensor,
+    targets: object,
+    input_lengths: object,
+    target_lengths: object,
+    blank: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """Shape and dtype checks shared by every CTC entry point (metadata only).
+
+    Accepts ``(T, B, C)`` log-probs with padded ``(B, S)`` or concatenated 1-D
+    targets, or unbatched ``(T, C)`` with ``(S,)`` targets and scalar lengths.
+
+    Returns:
+        ``(log_probs (T, B, C), targets int64, input_lengths (B,) int64,
+        target_lengths (B,) int64, unbatched)``; unbatched input gets ``B = 1``.
+    """
+    check_float_tensor(log_probs, "log_probs")
+    device = log_probs.device
+    unbatched = log_probs.dim() == 2
+    if unbatched:
+        tg = as_targets_tensor(targets, device)
+        if tg.dim() != 1:
+            raise InputError(f"targets must be 1-D (S,) for unbatched (T, C) log_probs, got {tuple(tg.shape)}")
+        log_probs, tg = log_probs.unsqueeze(1), tg.unsqueeze(0)
+        il = as_index_tensor(input_lengths, "input_lengths", device, allow_scalar=True).reshape(-1)
+        tl = as_index_tensor(target_lengths, "target_lengths", device, allow_scalar=True).reshape(-1)
+    else:
+        check_ndim(log_probs, "log_probs", (3,), "(T, B, C) or (T, C)")
+        tg = as_targets_tensor(targets, device)
+        check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
+        il = as_index_tensor(input_lengths, "input_lengths", device)
+        tl = as_index_tensor(target_lengths, "target_lengths", device)
+    T, B, C = log_probs.shape
+    check_batch(il, "input_lengths", B)
+    check_batch(tl, "target_lengths", B)
+    if tg.dim() == 2 and tg.shape[0] != B:
+        raise InputError(f"targets must have shape (B={B}, S), got {tuple(tg.shape)}")
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+    if C == 0:
+        raise InputError("log_probs must have at least one class (C >= 1)")
+    if not 0 <= blank < C:
+        raise InputError(f"blank = {blank} is out of range: expected 0 <= blank < C = {C}")
+    return log_probs, tg, il, tl, unbatched

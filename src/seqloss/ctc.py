@@ -9,24 +9,14 @@ from torch import Tensor
 
 from . import _ops, _validate
 from ._dispatch import resolve_backend
-from ._errors import InputError
 from ._reduce import reduce_ctc
 from ._types import Reduction
 
 IntsLike = Tensor | Sequence[int] | int
 
 
-def _targets_tensor(targets: object, device: torch.device) -> Tensor:
-    if isinstance(targets, Tensor):
-        if targets.dtype not in _validate.INDEX_DTYPES:
-            raise TypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
-        return targets.to(device=device, dtype=torch.int64)
-    if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
-        t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
-        if t.dtype not in _validate.INDEX_DTYPES:
-            raise TypeError(f"targets must hold ints, got {t.dtype}")
-        return t.to(device=device, dtype=torch.int64)
-    raise TypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+# Kept for callers importing it from here; the checks live in _validate.
+_targets_tensor = _validate.as_targets_tensor
 
 
 def ctc_loss(
@@ -89,36 +79,10 @@ def ctc_loss(
     """
     _validate.check_float_tensor(log_probs, "log_probs")
     _validate.check_reduction(reduction)
+    log_probs, tg, il, tl, unbatched = _validate.ctc_inputs(
+        log_probs, targets, input_lengths, target_lengths, blank
+    )
     device = log_probs.device
-    if log_probs.dim() == 2:
-        tg = _targets_tensor(targets, device)
-        if tg.dim() != 1:
-            raise InputError(f"targets must be 1-D (S,) for unbatched (T, C) log_probs, got {tuple(tg.shape)}")
-        il = _validate.as_index_tensor(input_lengths, "input_lengths", device, allow_scalar=True).reshape(-1)
-        tl = _validate.as_index_tensor(target_lengths, "target_lengths", device, allow_scalar=True).reshape(-1)
-        _validate.check_batch(il, "input_lengths", 1)
-        _validate.check_batch(tl, "target_lengths", 1)
-        loss = ctc_loss(
-            log_probs.unsqueeze(1), tg.unsqueeze(0), il, tl, blank, "none", zero_infinity,
-            fused_log_softmax=fused_log_softmax, backend=backend, validate=validate,
-        )[0]
-        return loss if reduction != "mean" else loss / tl[0].clamp(min=1).to(loss.dtype)
-    _validate.check_ndim(log_probs, "log_probs", (3,), "(T, B, C) or (T, C)")
-    T, B, C = log_probs.shape
-    tg = _targets_tensor(targets, device)
-    _validate.check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
-    il = _validate.as_index_tensor(input_lengths, "input_lengths", device)
-    tl = _validate.as_index_tensor(target_lengths, "target_lengths", device)
-    _validate.check_batch(il, "input_lengths", B)
-    _validate.check_batch(tl, "target_lengths", B)
-    if tg.dim() == 2 and tg.shape[0] != B:
-        raise InputError(f"targets must have shape (B={B}, S), got {tuple(tg.shape)}")
-    if isinstance(blank, bool) or not isinstance(blank, int):
-        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
-    if not 0 <= blank < C:
-        raise InputError(f"blank = {blank} is out of range: expected 0 <= blank < C = {C}")
-    if C == 0:
-        raise InputError("log_probs must have at least one class (C >= 1)")
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and log_probs.requires_grad
     loss, _ = _ops.ctc_loss_op(
@@ -126,7 +90,10 @@ def ctc_loss(
     )
     if zero_infinity:
         loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    loss = reduce_ctc(loss, tl, reduction)
+    if unbatched:
+        loss = loss[0] if reduction != "mean" else loss[0] / tl[0].clamp(min=1).to(loss.dtype)
+    else:
+        loss = reduce_ctc(loss, tl, reduction)
     if log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)
     return loss
