@@ -6,13 +6,17 @@ from ._errors import InputError
 from ._grad_clamp import grad_clamp
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
+from .rnnt import RNNTLoss, rnnt_loss, rnnt_loss_packed
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CTCLoss",
     "InputError",
+    "RNNTLoss",
     "ctc_loss",
     "diagnose",
     "grad_clamp",
+    "rnnt_loss",
+    "rnnt_loss_packed",
 ]

@@ -130,3 +130,171 @@ def _ctc_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
 
 
 ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
+
+
+# --------------------------------------------------------------------------- transducers
+@torch.library.custom_op("seqloss::scale_grad_", mutates_args=("grad",))
+def scale_grad_(grad: Tensor, grad_out: Tensor, batch_dim: int) -> None:
+    """In-place ``grad *= grad_out`` (``grad_out (n,)`` broadcast along ``batch_dim``).
+
+    The transducers' backward scales the gradient saved by the forward in place, so
+    no second logits-sized tensor appears. The saved gradient is private to the op
+    (the public functions drop it), so nothing else sees the mutation; a second
+    backward through the same graph (``retain_graph=True``) is refused by autograd's
+    version check instead of silently using the scaled values.
+    """
+    shape = [1] * grad.dim()
+    shape[batch_dim] = grad_out.shape[0]
+    g = grad_out.reshape(shape)
+    # Half gradients: the product is taken in float32 and rounded once.
+    grad.mul_(g.to(torch.float32) if grad.dtype in (torch.float16, torch.bfloat16) else g.to(grad.dtype))
+
+
+@scale_grad_.register_fake
+def _(grad: Tensor, grad_out: Tensor, batch_dim: int) -> None:
+    return None
+
+
+def _rows_scale(grad_loss: Tensor, logit_lengths: Tensor, target_lengths: Tensor, rows: int) -> Tensor:
+    """Per-row incoming gradient of the packed layout (rows of sequence b: T_b (U_b + 1))."""
+    reps = (logit_lengths * (target_lengths + 1)).to(grad_loss.device)
+    return torch.repeat_interleave(grad_loss, reps, output_size=rows)
+
+
+def rnnt_loss_impl(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+    grad_buffer: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Value checks + the backend's ``rnnt_loss_forward`` (padded or packed by ``logits.dim()``)."""
+    padded = _validate.transducer_values(
+        logits, targets, logit_lengths, target_lengths, blank, validate=validate
+    )
+    kern = kernel_module("transducer", backend)
+    return kern.rnnt_loss_forward(
+        logits, padded, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+        fastemit_lambda, compute_grad, grad_buffer,
+    )
+
+
+@torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
+def rnnt_loss_op(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """Per-sequence RNN-T loss ``(B,)`` and its gradient shaped like ``logits`` (or empty).
+
+    ``logits`` padded ``(B, T, U+1, V)`` or packed ``(N, V)``; ``targets`` int64 padded
+    ``(B, S)`` (or concatenated 1-D with packed logits); lengths ``(B,)`` int64.
+    Shapes and dtypes were checked by the caller.
+    """
+    return rnnt_loss_impl(
+        logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+        fastemit_lambda, backend, compute_grad, validate,
+    )
+
+
+@rnnt_loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+      fastemit_lambda, backend, compute_grad, validate):  # noqa: ANN001
+    B = logit_lengths.shape[0]
+    loss = logits.new_empty((B,), dtype=_acc_dtype(logits.dtype))
+    grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
+    return loss, grad
+
+
+def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
+    ctx.packed = inputs[0].dim() == 2
+    ctx.save_for_backward(output[1], inputs[2], inputs[3])
+
+
+def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
+    grad, logit_lengths, target_lengths = ctx.saved_tensors
+    if grad.numel() == 0 and logit_lengths.numel() and int(logit_lengths.max()) > 0:
+        raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
+    if ctx.packed:
+        grad_loss = _rows_scale(grad_loss, logit_lengths, target_lengths, grad.shape[0])
+    if torch.compiler.is_compiling():
+        out = scale_grad(grad, grad_loss, 0)
+    else:
+        scale_grad_(grad, grad_loss, 0)
+        out = grad
+    return out, None, None, None, None, None, None, None, None, None, None
+
+
+rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)
+
+
+def rnnt_loss_inplace(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    backend: str,
+    validate: bool,
+) -> Tensor:
+    """The in-place mode: the gradient overwrites ``logits``' storage (eager only).
+
+    Not a torch.library op: a custom op may not return an alias of its input,
+    and autograd cannot be registered for a mutating one. The in-place writes bump
+    ``logits``' version counter, so autograd raises if another node saved
+    ``logits`` for its backward (a joiner's final ``Linear`` saves its input, not
+    its output, so the usual joiner is fine).
+    """
+    if torch.compiler.is_compiling():
+        raise RuntimeError(
+            "seqloss: rnnt_loss(..., inplace_grad=True) writes into the logits and cannot "
+            "run under torch.compile; use inplace_grad=False there"
+        )
+    return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
+                              fused_log_softmax, fastemit_lambda, backend, validate)
+
+
+class _RNNTInplace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,  # noqa: ANN001, ANN205
+                fused_log_softmax, fastemit_lambda, backend, validate):
+        compute_grad = logits.requires_grad
+        loss, grad = rnnt_loss_impl(
+            logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+            fastemit_lambda, backend, compute_grad, validate,
+            grad_buffer=logits if compute_grad else None,
+        )
+        # Held on ctx, not saved: it is logits' own storage, already mutated.
+        ctx.grad = grad.detach() if compute_grad else None
+        ctx.packed = logits.dim() == 2
+        ctx.lengths = (logit_lengths, target_lengths)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:
+            raise RuntimeError("seqloss: the in-place rnnt_loss gradient was already consumed "
+                               "(a second backward through the same graph is not possible)")
+        if ctx.packed:
+            grad_loss = _rows_scale(grad_loss, *ctx.lengths, grad.shape[0])
+        scale_grad_(grad, grad_loss, 0)
+        return grad, None, None, None, None, None, None, None, None, None
