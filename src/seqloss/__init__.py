@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._errors import InputError
 from ._grad_clamp import grad_clamp
+from .align import ctc_align, rnnt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
 from .rnnt import RNNTLoss, rnnt_loss, rnnt_loss_packed
@@ -14,9 +15,11 @@ __all__ = [
     "CTCLoss",
     "InputError",
     "RNNTLoss",
+    "ctc_align",
     "ctc_loss",
     "diagnose",
     "grad_clamp",
+    "rnnt_align",
     "rnnt_loss",
     "rnnt_loss_packed",
 ]

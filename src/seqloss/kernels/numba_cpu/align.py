@@ -1,0 +1,174 @@
+"""Viterbi forced alignment (CTC, RNN-T) with Numba on CPU, parallel over the batch.
+
+Max-plus in log space: one addition per arc and exact comparisons, no ``exp``,
+in the accumulation dtype (float32, or float64 for float64 input), so the
+results equal the reference backend's bit for bit.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+
+@numba.njit(parallel=True, cache=True)
+def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, scores):  # noqa: ANN001
+    """One sequence per ``prange`` iteration: forward max recursion, then backtrack.
+
+    ``lp (T, B, C)`` float32/float64, any strides; ``targets (B, S)`` int64.
+
+    Updates:
+        labels (B, T): chosen label per frame (prefilled with ``blank``).
+        scores (B, T): its log-probability (prefilled with 0).
+    """
+    B = lp.shape[1]
+    for b in numba.prange(B):
+        Tb = input_lengths[b]
+        L = target_lengths[b]
+        if Tb == 0:
+            continue
+        K = 2 * L + 1
+        delta = np.empty(K, dtype=lp.dtype)
+        nxt = np.empty(K, dtype=lp.dtype)
+        delta[:] = -np.inf
+        neg = delta[0]
+        bp = np.zeros((Tb, K), dtype=np.int8)
+        delta[0] = lp[0, b, blank]
+        if K > 1:
+            delta[1] = lp[0, b, targets[b, 0]]
+        for t in range(1, Tb):
+            for s in range(K):
+                x0 = delta[s]
+                x1 = delta[s - 1] if s >= 1 else neg
+                x2 = neg
+                if s % 2 == 1:
+                    lab = targets[b, s // 2]
+                    if s >= 3 and lab != targets[b, s // 2 - 1]:
+                        x2 = delta[s - 2]
+                else:
+                    lab = blank
+                # torchaudio's order: s-2 only if strictly greater than both, then s-1.
+                if x2 > x1 and x2 > x0:
+                    best = x2
+                    bp[t, s] = 2
+                elif x1 > x0:
+                    best = x1
+                    bp[t, s] = 1
+                else:
+                    best = x0
+                nxt[s] = best + lp[t, b, lab]
+            delta, nxt = nxt, delta
+        if L == 0:
+            s = 0
+            final = delta[0]
+        elif delta[K - 1] > delta[K - 2]:
+            s = K - 1
+            final = delta[K - 1]
+        else:
+            s = K - 2
+            final = delta[K - 2]
+        if not final > -np.inf:
+            # No path of nonzero probability (or NaN, poisoned by the caller).
+            for t in range(Tb):
+                scores[b, t] = -np.inf
+            continue
+        for t in range(Tb - 1, -1, -1):
+            lab = targets[b, s // 2] if s % 2 == 1 else blank
+            labels[b, t] = lab
+            scores[b, t] = lp[t, b, lab]
+            s -= bp[t, s]
+
+
+@numba.njit(parallel=True, cache=True)
+def rnnt_align_kernel(blank_lp, emit_lp, logit_lengths, target_lengths, frames, scores):  # noqa: ANN001
+    """One sequence per ``prange`` iteration: lattice max recursion, then backtrack.
+
+    ``blank_lp (B, T, U+1)``, ``emit_lp (B, T, U)``, float32/float64, any strides.
+
+    Updates:
+        frames (B, U): emission frame per token (prefilled with -1).
+        scores (B,): best path's log-probability (prefilled with ``-inf``).
+    """
+    B = blank_lp.shape[0]
+    for b in numba.prange(B):
+        Tb = logit_lengths[b]
+        Ub = target_lengths[b]
+        if Tb == 0:
+            continue
+        delta = np.empty((Tb, Ub + 1), dtype=blank_lp.dtype)
+        emit_wins = np.zeros((Tb, Ub + 1), dtype=np.bool_)
+        delta[0, 0] = 0.0
+        for u in range(1, Ub + 1):
+            delta[0, u] = delta[0, u - 1] + emit_lp[b, 0, u - 1]
+            emit_wins[0, u] = True
+        for t in range(1, Tb):
+            delta[t, 0] = delta[t - 1, 0] + blank_lp[b, t - 1, 0]
+            for u in range(1, Ub + 1):
+                from_blank = delta[t - 1, u] + blank_lp[b, t - 1, u]
+                from_emit = delta[t, u - 1] + emit_lp[b, t, u - 1]
+                # Ties go to the blank arc.
+                if from_emit > from_blank:
+                    delta[t, u] = from_emit
+                    emit_wins[t, u] = True
+                else:
+                    delta[t, u] = from_blank
+        score = delta[Tb - 1, Ub] + blank_lp[b, Tb - 1, Ub]
+        scores[b] = score
+        if not score > -np.inf:
+            continue
+        t = Tb - 1
+        u = Ub
+        while u > 0 and t >= 0:
+            if emit_wins[t, u]:
+                frames[b, u - 1] = t
+                u -= 1
+            else:
+                t -= 1
+
+
+def _np(x: torch.Tensor) -> np.ndarray:
+    return x.detach().numpy()
+
+
+def ctc_align_forward(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`seqloss.reference.align.ctc_align_forward`."""
+    T, B, C = log_probs.shape
+    acc = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
+    labels = torch.full((B, T), blank, dtype=torch.int64)
+    scores = torch.zeros((B, T), dtype=acc)
+    if T == 0 or B == 0:
+        return labels, scores
+    lp = log_probs if log_probs.dtype == acc else log_probs.to(acc)  # any strides: Numba reads views
+    ctc_align_kernel(
+        _np(lp), _np(targets.contiguous()), _np(input_lengths.cpu()), _np(target_lengths.cpu()),
+        blank, _np(labels), _np(scores),
+    )
+    return labels, scores
+
+
+def rnnt_align_forward(
+    blank_lp: torch.Tensor,
+    emit_lp: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`seqloss.reference.align.rnnt_align_forward`."""
+    B, T, U1 = blank_lp.shape
+    frames = torch.full((B, U1 - 1), -1, dtype=torch.int64)
+    scores = torch.full((B,), float("-inf"), dtype=blank_lp.dtype)
+    if T == 0 or B == 0:
+        return frames, scores
+    if emit_lp.shape[2] == 0:  # Numba cannot view a zero-size strided axis reliably
+        emit_lp = emit_lp.new_zeros((B, T, 1))
+    rnnt_align_kernel(
+        _np(blank_lp), _np(emit_lp), _np(logit_lengths.cpu()), _np(target_lengths.cpu()),
+        _np(frames), _np(scores),
+    )
+    return frames, scores

@@ -1,0 +1,260 @@
+"""Viterbi forced alignment (CTC, RNN-T) with Triton: CUDA, or CPU under TRITON_INTERPRET=1.
+
+Two launches per family, both one program per sequence: the forward max
+recursion, which stores int8 backpointers, then the backtrack, a scalar loop
+of ``O(T + U)`` steps. The arithmetic (one addition per arc, exact
+comparisons, float32 or float64) is the reference backend's, so the results
+agree bit for bit.
+
+Synchronisation inside a program: the lanes of a program hold one state each;
+a state's predecessors live in other lanes, so the previous step's values go
+through a global scratch row. The row is double-buffered by step parity and
+one ``tl.debug_barrier()`` sits between its store and the shifted loads: the
+next step stores to the other buffer, and the step after that stores to this
+one only after passing the next barrier, by which time every lane has loaded.
+Programs share nothing but read-only inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def ctc_align_forward_kernel(
+    lp_ptr, tg_ptr, il_ptr, tl_ptr, scratch_ptr, bp_ptr, final_ptr,
+    stride_lt, stride_lb, stride_lc, stride_tb,
+    B, K, blank,
+    BLOCK_K: tl.constexpr,
+):
+    """Program ``i_b``: the CTC max recursion of sequence ``i_b``.
+
+    Updates:
+        bp (T, B, K) int8: backpointer offsets (0, 1, 2) for frames ``1 <= t < T_b``.
+        final (B, BLOCK_K): ``delta[T_b - 1, s]``.
+    """
+    i_b = tl.program_id(0).to(tl.int64)
+    T_b = tl.load(il_ptr + i_b)
+    L = tl.load(tl_ptr + i_b)
+    acc = scratch_ptr.dtype.element_ty
+    o_s = tl.arange(0, BLOCK_K)
+    m_s = o_s < 2 * L + 1
+    odd = (o_s % 2) == 1
+    m_lab = m_s & odd
+    b_lab = tl.load(tg_ptr + i_b * stride_tb + o_s // 2, mask=m_lab, other=0)
+    b_lab = tl.where(odd, b_lab, blank)
+    b_prev = tl.load(tg_ptr + i_b * stride_tb + o_s // 2 - 1, mask=m_lab & (o_s >= 3), other=-1)
+    # The skip s-2 -> s exists into a label that differs from the previous label.
+    m_skip = m_lab & (o_s >= 3) & (b_lab != b_prev)
+    p_lp = lp_ptr + i_b * stride_lb + b_lab.to(tl.int64) * stride_lc
+    n_init = tl.where(T_b > 0, 2, 0)  # frame 0 holds states 0 and 1
+    b_delta = tl.load(p_lp, mask=m_s & (o_s < n_init), other=float("-inf")).to(acc)
+    for t in range(1, T_b):
+        p_row = scratch_ptr + (((t - 1) % 2) * B + i_b) * BLOCK_K
+        tl.store(p_row + o_s, b_delta)
+        tl.debug_barrier()
+        b_x1 = tl.load(p_row + o_s - 1, mask=o_s >= 1, other=float("-inf"))
+        b_x2 = tl.load(p_row + o_s - 2, mask=m_skip, other=float("-inf"))
+        # torchaudio's order: s-2 only if strictly greater than both, else s-1 if
+        # strictly greater than s, else s.
+        take2 = (b_x2 > b_x1) & (b_x2 > b_delta)
+        take1 = (~take2) & (b_x1 > b_delta)
+        b_best = tl.where(take2, b_x2, tl.where(take1, b_x1, b_delta))
+        b_bp = tl.where(take2, 2, tl.where(take1, 1, 0)).to(tl.int8)
+        tl.store(bp_ptr + (t * B + i_b) * K + o_s, b_bp, mask=m_s)
+        b_e = tl.load(p_lp + t * stride_lt, mask=m_s, other=float("-inf")).to(acc)
+        b_delta = b_best + b_e
+    tl.store(final_ptr + i_b * BLOCK_K + o_s, b_delta)
+
+
+@triton.jit
+def ctc_align_backtrack_kernel(
+    lp_ptr, tg_ptr, il_ptr, tl_ptr, bp_ptr, final_ptr, labels_ptr, scores_ptr,
+    stride_lt, stride_lb, stride_lc, stride_tb,
+    B, T, K, blank,
+    BLOCK_K: tl.constexpr,
+):
+    """Program ``i_b``: follow sequence ``i_b``'s backpointers from its final state.
+
+    Updates:
+        labels (B, T), scores (B, T): frames ``t < T_b`` (the rest keep their fill).
+    """
+    i_b = tl.program_id(0).to(tl.int64)
+    T_b = tl.load(il_ptr + i_b)
+    L = tl.load(tl_ptr + i_b)
+    acc = scores_ptr.dtype.element_ty
+    p_fin = final_ptr + i_b * BLOCK_K
+    d_blank = tl.load(p_fin + 2 * L)
+    d_label = tl.load(p_fin + 2 * L - 1, mask=L > 0, other=float("-inf"))
+    # End on the last label unless the final blank is strictly greater.
+    end_blank = (L == 0) | (d_blank > d_label)
+    s = tl.where(end_blank, 2 * L, 2 * L - 1)
+    found = tl.where(end_blank, d_blank, d_label) > float("-inf")
+    for i in range(0, T_b):
+        t = T_b - 1 - i
+        is_lab = (s % 2) == 1
+        lab = tl.load(tg_ptr + i_b * stride_tb + s // 2, mask=is_lab, other=0)
+        lab = tl.where(is_lab, lab, blank)
+        score = tl.load(lp_ptr + t * stride_lt + i_b * stride_lb + lab * stride_lc).to(acc)
+        tl.store(labels_ptr + i_b * T + t, tl.where(found, lab, blank))
+        tl.store(scores_ptr + i_b * T + t, tl.where(found, score, float("-inf")))
+        step = tl.load(bp_ptr + (t * B + i_b) * K + s, mask=t > 0, other=0)
+        s = s - step.to(tl.int64)
+
+
+@triton.jit
+def rnnt_align_forward_kernel(
+    blank_ptr, emit_ptr, ll_ptr, tl_ptr, scratch_ptr, choice_ptr, scores_ptr,
+    stride_bb, stride_bt, stride_bu, stride_eb, stride_et, stride_eu,
+    B, T, U1,
+    BLOCK_U: tl.constexpr,
+):
+    """Program ``i_b``: the lattice max recursion of sequence ``i_b``, by anti-diagonals.
+
+    Lane ``u`` holds node ``(n - u, u)`` of diagonal ``n``; both predecessors lie
+    on diagonal ``n - 1`` (lanes ``u`` and ``u - 1``).
+
+    Updates:
+        choice (B, T, U+1) int8: 1 where the emission arc wins, for the nodes of the lattice.
+        scores (B,): ``delta[T_b-1, U_b] + blank[T_b-1, U_b]`` (sequences with ``T_b > 0``).
+    """
+    i_b = tl.program_id(0).to(tl.int64)
+    T_b = tl.load(ll_ptr + i_b)
+    U_b = tl.load(tl_ptr + i_b)
+    acc = scratch_ptr.dtype.element_ty
+    o_u = tl.arange(0, BLOCK_U)
+    m_u = o_u <= U_b
+    b_delta = tl.where(o_u == 0, 0.0, float("-inf")).to(acc)
+    for n in range(1, T_b + U_b):
+        p_row = scratch_ptr + (((n - 1) % 2) * B + i_b) * BLOCK_U
+        tl.store(p_row + o_u, b_delta)
+        tl.debug_barrier()
+        t = n - o_u
+        ok = m_u & (t >= 0) & (t < T_b)
+        m_blank = ok & (t >= 1)
+        m_emit = ok & (o_u >= 1)
+        b_left = tl.load(p_row + o_u - 1, mask=m_emit, other=float("-inf"))
+        b_pb = tl.load(blank_ptr + i_b * stride_bb + (t - 1) * stride_bt + o_u * stride_bu,
+                       mask=m_blank, other=float("-inf")).to(acc)
+        b_pe = tl.load(emit_ptr + i_b * stride_eb + t * stride_et + (o_u - 1) * stride_eu,
+                       mask=m_emit, other=float("-inf")).to(acc)
+        from_blank = tl.where(m_blank, b_delta + b_pb, float("-inf"))
+        from_emit = tl.where(m_emit, b_left + b_pe, float("-inf"))
+        # Ties go to the blank arc.
+        win = from_emit > from_blank
+        b_delta = tl.where(ok, tl.where(win, from_emit, from_blank), float("-inf"))
+        tl.store(choice_ptr + (i_b * T + t) * U1 + o_u, win.to(tl.int8), mask=ok)
+    if T_b > 0:
+        # Exactly one lane is kept; the others add zeros.
+        final = tl.sum(tl.where(o_u == U_b, b_delta, 0.0), axis=0)
+        last = tl.load(blank_ptr + i_b * stride_bb + (T_b - 1) * stride_bt + U_b * stride_bu).to(acc)
+        tl.store(scores_ptr + i_b, final + last)
+
+
+@triton.jit
+def rnnt_align_backtrack_kernel(
+    ll_ptr, tl_ptr, choice_ptr, scores_ptr, frames_ptr,
+    T, U1, U,
+):
+    """Program ``i_b``: walk back from ``(T_b - 1, U_b)`` to the first row.
+
+    Updates:
+        frames (B, U): emission frame of each token (found paths only).
+    """
+    i_b = tl.program_id(0).to(tl.int64)
+    T_b = tl.load(ll_ptr + i_b)
+    U_b = tl.load(tl_ptr + i_b)
+    score = tl.load(scores_ptr + i_b)
+    found = (T_b > 0) & (score > float("-inf"))
+    t = T_b - 1
+    u = U_b
+    for _ in range(0, T_b + U_b):
+        active = found & (u > 0) & (t >= 0)
+        w = tl.load(choice_ptr + (i_b * T + t) * U1 + u, mask=active, other=0) != 0
+        tl.store(frames_ptr + i_b * U + u - 1, t, mask=active & w)
+        u = tl.where(active & w, u - 1, u)
+        t = tl.where(active & (~w), t - 1, t)
+
+
+def _device_guard(x: torch.Tensor):  # noqa: ANN202
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _warps(block: int) -> int:
+    return max(1, min(8, block // 128))
+
+
+def ctc_align_forward(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`seqloss.reference.align.ctc_align_forward`."""
+    T, B, C = log_probs.shape
+    device = log_probs.device
+    acc = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
+    labels = torch.full((B, T), blank, dtype=torch.int64, device=device)
+    scores = torch.zeros((B, T), dtype=acc, device=device)
+    if T == 0 or B == 0:
+        return labels, scores
+    S = targets.shape[1]
+    K = 2 * S + 1
+    BLOCK_K = triton.next_power_of_2(K)
+    tg = targets.contiguous()
+    il = input_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    scratch = torch.empty((2, B, BLOCK_K), dtype=acc, device=device)
+    final = torch.empty((B, BLOCK_K), dtype=acc, device=device)
+    bp = torch.empty((T, B, K), dtype=torch.int8, device=device)
+    st, sb, sc = log_probs.stride()
+    with _device_guard(log_probs):
+        ctc_align_forward_kernel[(B,)](
+            log_probs, tg, il, tlen, scratch, bp, final,
+            st, sb, sc, tg.stride(0), B, K, blank,
+            BLOCK_K=BLOCK_K, num_warps=_warps(BLOCK_K),
+        )
+        ctc_align_backtrack_kernel[(B,)](
+            log_probs, tg, il, tlen, bp, final, labels, scores,
+            st, sb, sc, tg.stride(0), B, T, K, blank,
+            BLOCK_K=BLOCK_K, num_warps=1,
+        )
+    return labels, scores
+
+
+def rnnt_align_forward(
+    blank_lp: torch.Tensor,
+    emit_lp: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as :func:`seqloss.reference.align.rnnt_align_forward`."""
+    B, T, U1 = blank_lp.shape
+    U = U1 - 1
+    device = blank_lp.device
+    frames = torch.full((B, U), -1, dtype=torch.int64, device=device)
+    scores = torch.full((B,), float("-inf"), dtype=blank_lp.dtype, device=device)
+    if T == 0 or B == 0:
+        return frames, scores
+    if U == 0:  # a zero-size axis has no usable strides; nothing is ever loaded from it
+        emit_lp = blank_lp
+    BLOCK_U = triton.next_power_of_2(U1)
+    ll = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    scratch = torch.empty((2, B, BLOCK_U), dtype=blank_lp.dtype, device=device)
+    choice = torch.empty((B, T, U1), dtype=torch.int8, device=device)
+    with _device_guard(blank_lp):
+        rnnt_align_forward_kernel[(B,)](
+            blank_lp, emit_lp, ll, tlen, scratch, choice, scores,
+            *blank_lp.stride(), *emit_lp.stride(), B, T, U1,
+            BLOCK_U=BLOCK_U, num_warps=_warps(BLOCK_U),
+        )
+        rnnt_align_backtrack_kernel[(B,)](
+            ll, tlen, choice, scores, frames, T, U1, max(U, 1), num_warps=1,
+        )
+    return frames, scores
