@@ -1,0 +1,546 @@
+r"""CTC on CPU in Numba: probability-domain recursions, exact log-space fallback.
+
+Implements ``ctc_loss_forward`` with exactly the interface and semantics of
+``seqloss.reference.ctc.ctc_loss_forward`` (see its docstring).
+
+One parallel loop over the batch (``prange``); one sequence per iteration:
+
+1. Emissions. For each frame ``t < T_b`` the log-probabilities of the
+   sequence's ``L_b + 1`` labels (blank first) are gathered, ``M_t`` = their
+   maximum, and ``e[t, j] = exp(lp[t, j] - M_t)`` in float64. With
+   ``fused_log_softmax`` the frame's normalizer is computed on the way, one
+   ``exp`` per logit, and the softmax row is written straight into the
+   gradient (``softmax - occupation`` needs it anyway).
+2. ``alpha`` forward and ``beta'`` (excluding the frame's own emission)
+   backward as multiply-adds in the probability domain, each frame rescaled by
+   its sum; ``log p = sum_t (M_t + log z_t) + log(alpha_hat[T_b-1, final])``.
+   Only the band of states that are reachable from the start and can still
+   reach the end (``K - 2 (T_b - t) <= s <= 2 t + 1``) is computed: the others
+   never contribute, so they can be dropped exactly.
+3. Occupation ``gamma[t, s] = alpha_hat * beta_hat' / sum_s(alpha_hat * beta_hat')``
+   (every path occupies one state per frame, so the frame's sum is ``p``),
+   gathered per label and subtracted from the gradient row.
+
+Exactness. The probability domain is exact (to float64 rounding) as long as
+no nonzero quantity falls below float64's normal range, so every product and
+every rescaled state is checked: an emission more than 708 nats below its
+frame's best label, a product ``w * e`` or a rescaled state below ``2**-1020``
+while its factors are nonzero, a frame whose ``sum(alpha_hat * beta_hat')``
+is below ``2**-1000``, or a zero likelihood, sends the sequence to the
+log-space kernel (``_ctc_log_one``, libm ``exp``/``log`` per state, guarded
+``logaddexp``, float64), which is the exact algorithm of the reference. Exact
+zeros (``-inf`` log-probabilities, ``exp(-inf) == 0``) are not underflow and
+stay on the fast path.
+
+Why not log space throughout: the installed llvmlite has no vector math
+library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
+``exp`` used here (``_exp``) is written out (Cody-Waite reduction, degree-12
+Taylor polynomial, exponent built from integer bits) so that LLVM vectorizes
+it; it is accurate to about 1 ulp on ``[-708, 1]``.
+
+Memory: the gradient is the only logits-sized array (float32 scratch for
+half-precision inputs, cast at the end); per sequence, ``(T_b, L_b + 1)``
+emissions and ``(T_b, 2 L_b + 1)`` scaled alphas in float64, allocated by the
+thread that runs it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+NEG_INF = -np.inf
+INF = np.inf
+# Smallest value a nonzero state or product may take: float64's normal range
+# (2**-1022) with two bits of headroom.
+TINY = 2.0**-1020
+# Smallest admissible frame sum of alpha_hat * beta_hat': each product that
+# underflows costs at most 2**-1074 absolute, i.e. <= K * 2**-74 relative.
+Z_MIN = 2.0**-1000
+# _exp returns 0 below this (exp(-708) ~ 3.3e-308 is still a normal number).
+EXP_MIN = -708.0
+
+FAST, FALLBACK, INFEASIBLE = 0, 1, 2
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.6931471803691238
+_LN2_LO = 1.9082149292705877e-10
+_SHIFT = 6755399441055744.0  # 1.5 * 2**52: adding it rounds to an integer
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp(x):
+    """``exp(x)`` for ``x <= ~1``; exactly 0 below ``EXP_MIN`` (and for -inf, NaN).
+
+    Branch-free so that loops calling it vectorize.
+    """
+    xx = max(x, EXP_MIN)
+    n = (xx * _LOG2E + _SHIFT) - _SHIFT
+    r = xx - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
+        1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (
+            1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600))))))))))))
+    scale = np.int64((np.int64(n) + 1023) << 52).view(np.float64)
+    v = p * scale
+    return v if x >= EXP_MIN else 0.0
+
+
+@njit(fastmath={"reassoc", "contract", "nsz"}, cache=True, error_model="numpy")
+def _sum(a, n):
+    s = 0.0
+    for i in range(n):
+        s += a[i]
+    return s
+
+
+@njit(fastmath={"nnan", "nsz"}, cache=True, error_model="numpy")
+def _max(a):
+    """Max of a row (NaN-free rows; a row holding NaN is poisoned by the caller anyway)."""
+    m = NEG_INF
+    for i in range(a.shape[0]):
+        m = max(m, a[i])
+    return m
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _row(a, tb_layout, t, b):
+    return a[t, b] if tb_layout else a[b, t]
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _logaddexp(a, b):
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, error_model="numpy")
+def _labels(tgt, Lb, blank):
+    lab = np.empty(Lb + 1, np.int64)
+    lab[0] = blank
+    for j in range(Lb):
+        lab[j + 1] = tgt[j]
+    return lab
+
+
+@njit(cache=True, error_model="numpy")
+def _zero_rows(grad, tb_layout, b, t0, t1):
+    for t in range(t0, t1):
+        g = _row(grad, tb_layout, t, b)
+        g[:] = 0.0
+
+
+# --------------------------------------------------------------------------- log space
+@njit(cache=True, error_model="numpy")
+def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad):
+    """Exact log-space CTC of one sequence (``T_b >= 1``); returns the loss.
+
+    Updates: rows ``t < T_b`` of sequence ``b`` in ``grad`` (when ``compute_grad``).
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    lp = np.empty((Tb, nl))
+    lse = np.zeros(Tb)
+    for t in range(Tb):
+        xr = _row(x, tb_layout, t, b)
+        if fused:
+            m = NEG_INF
+            for c in range(C):
+                if xr[c] > m or xr[c] != xr[c]:
+                    m = xr[c]
+            if m == NEG_INF or m == INF or m != m:
+                lse[t] = m if m != NEG_INF else np.nan
+            else:
+                s = 0.0
+                for c in range(C):
+                    s += math.exp(xr[c] - m)
+                lse[t] = m + math.log(s)
+        for j in range(nl):
+            lp[t, j] = xr[lab[j]] - lse[t]
+    skip = np.zeros(K, np.bool_)
+    for s in range(3, K, 2):
+        skip[s] = lab[(s + 1) // 2] != lab[(s - 1) // 2]
+    la = np.full((Tb, K), NEG_INF)
+    la[0, 0] = lp[0, 0]
+    if K > 1:
+        la[0, 1] = lp[0, 1]
+    for t in range(1, Tb):
+        for s in range(K):
+            a = la[t - 1, s]
+            if s >= 1:
+                a = _logaddexp(a, la[t - 1, s - 1])
+            if skip[s]:
+                a = _logaddexp(a, la[t - 1, s - 2])
+            la[t, s] = a + lp[t, (s + 1) // 2 if s % 2 == 1 else 0]
+    ll = la[Tb - 1, K - 1]
+    if K > 1:
+        ll = _logaddexp(ll, la[Tb - 1, K - 2])
+    if ll == NEG_INF:
+        if compute_grad:
+            _zero_rows(grad, tb_layout, b, 0, Tb)
+        return INF
+    if not compute_grad:
+        return -ll
+    lb = np.full(K, NEG_INF)  # beta' at t: paths from (t, s) on, excluding the emission at t
+    lb[K - 1] = 0.0
+    if K > 1:
+        lb[K - 2] = 0.0
+    inc = np.empty(K)
+    occ = np.empty(nl)
+    for t in range(Tb - 1, -1, -1):
+        occ[:] = 0.0
+        for s in range(K):
+            occ[(s + 1) // 2 if s % 2 == 1 else 0] += math.exp(la[t, s] + lb[s] - ll)
+        g = _row(grad, tb_layout, t, b)
+        if fused:
+            xr = _row(x, tb_layout, t, b)
+            for c in range(C):
+                g[c] = math.exp(xr[c] - lse[t])
+        else:
+            g[:] = 0.0
+        for j in range(nl):
+            g[lab[j]] -= occ[j]
+        if t == 0:
+            break
+        for s in range(K):
+            inc[s] = lb[s] + lp[t, (s + 1) // 2 if s % 2 == 1 else 0]
+        for s in range(K):
+            v = inc[s]
+            if s + 1 < K:
+                v = _logaddexp(v, inc[s + 1])
+            if s + 2 < K and skip[s + 2]:
+                v = _logaddexp(v, inc[s + 2])
+            lb[s] = v
+    return -ll
+
+
+# --------------------------------------------------------------------------- probability domain
+@njit(cache=True, error_model="numpy")
+def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss):
+    """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
+
+    Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
+    or ``FALLBACK`` (a quantity left float64's range: nothing usable written).
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    no = max(Lb, 1)
+    # ---- emissions, scaled by the frame's best label
+    E = np.empty((Tb, nl))
+    logM = np.empty(Tb)
+    lp = np.empty(nl)
+    ex = np.empty(C if fused else 0)
+    for t in range(Tb):
+        xr = _row(x, tb_layout, t, b)
+        if fused:
+            m = _max(xr)
+            for c in range(C):
+                ex[c] = _exp(xr[c] - m)
+            s = _sum(ex, C)
+            lse = m + math.log(s)
+            if compute_grad:
+                inv = 1.0 / s
+                g = _row(grad, tb_layout, t, b)
+                for c in range(C):
+                    g[c] = ex[c] * inv
+            for j in range(nl):
+                lp[j] = xr[lab[j]] - lse
+        else:
+            for j in range(nl):
+                lp[j] = xr[lab[j]]
+        M = NEG_INF
+        for j in range(nl):
+            M = max(M, lp[j])
+        if not (M > NEG_INF and M < INF):
+            # Every label masked at this frame (an exact zero), or a non-finite
+            # input that the caller will poison: decide in log space.
+            return FALLBACK
+        logM[t] = M
+        under = False
+        for j in range(nl):
+            d = lp[j] - M
+            E[t, j] = _exp(d)
+            under |= (d < EXP_MIN) & (lp[j] > NEG_INF)
+        if under:
+            return FALLBACK
+
+    sk = np.zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
+    for i in range(1, Lb):
+        sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
+
+    # ---- alpha (scaled), band [lo, hi] of states only; storage zero outside the band
+    AE = np.zeros((Tb, nl))  # even states 2i (blank)
+    AO = np.zeros((Tb, no))  # odd states 2i+1 (label i+1)
+    lo = max(0, K - 2 * Tb)
+    z = 0.0
+    if lo == 0:
+        AE[0, 0] = E[0, 0]
+        z += E[0, 0]
+    if K > 1:
+        AO[0, 0] = E[0, 1]
+        z += E[0, 1]
+    if not z > 0.0:
+        return FALLBACK
+    inv = 1.0 / z
+    AE[0, 0] *= inv
+    AO[0, 0] *= inv
+    if (AE[0, 0] > 0.0 and AE[0, 0] < TINY) or (AO[0, 0] > 0.0 and AO[0, 0] < TINY):
+        return FALLBACK
+    logscale = logM[0] + math.log(z)
+    for t in range(1, Tb):
+        lo = max(0, K - 2 * (Tb - t))
+        hi = min(K - 1, 2 * t + 1)
+        ie0, ie1 = (lo + 1) // 2, hi // 2
+        io0, io1 = lo // 2, (hi - 1) // 2
+        ap_e = AE[t - 1]
+        ap_o = AO[t - 1]
+        an_e = AE[t]
+        an_o = AO[t]
+        eb = E[t, 0]
+        el = E[t]
+        nbad = 0
+        i = ie0
+        if i == 0:
+            w = ap_e[0]
+            v = w * eb
+            an_e[0] = v
+            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
+            i = 1
+        for i in range(max(ie0, 1), ie1 + 1):
+            w = ap_e[i] + ap_o[i - 1]
+            v = w * eb
+            an_e[i] = v
+            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
+        if io0 == 0 and io1 >= 0:
+            w = ap_o[0] + ap_e[0]
+            e = el[1]
+            v = w * e
+            an_o[0] = v
+            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+        for i in range(max(io0, 1), io1 + 1):
+            w = ap_o[i] + ap_e[i] + sk[i] * ap_o[i - 1]
+            e = el[i + 1]
+            v = w * e
+            an_o[i] = v
+            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+        if nbad:
+            return FALLBACK
+        z = 0.0
+        for i in range(ie0, ie1 + 1):
+            z += an_e[i]
+        for i in range(io0, io1 + 1):
+            z += an_o[i]
+        if not z > 0.0:
+            return FALLBACK
+        inv = 1.0 / z
+        for i in range(ie0, ie1 + 1):
+            u = an_e[i] * inv
+            an_e[i] = u
+            nbad += (u > 0.0) & (u < TINY)
+        for i in range(io0, io1 + 1):
+            u = an_o[i] * inv
+            an_o[i] = u
+            nbad += (u > 0.0) & (u < TINY)
+        if nbad:
+            return FALLBACK
+        logscale += logM[t] + math.log(z)
+    pf = AE[Tb - 1, Lb] + (AO[Tb - 1, Lb - 1] if Lb >= 1 else 0.0)
+    if not pf > 0.0:
+        return FALLBACK
+    out_loss[b] = -(logscale + math.log(pf))
+    if not compute_grad:
+        return FAST
+
+    # ---- beta' (scaled, excluding the frame's own emission) and the occupation
+    be = np.zeros(nl)
+    bo = np.zeros(no)
+    be2 = np.zeros(nl)
+    bo2 = np.zeros(no)
+    ie_ = np.zeros(nl + 1)  # emission-inclusive beta at t, one spare zero past the end
+    io_ = np.zeros(no + 1)
+    be[Lb] = 1.0
+    if Lb >= 1:
+        bo[Lb - 1] = 1.0
+    for t in range(Tb - 1, -1, -1):
+        lo = max(0, K - 2 * (Tb - t))
+        hi = min(K - 1, 2 * t + 1)
+        ie0, ie1 = (lo + 1) // 2, hi // 2
+        io0, io1 = lo // 2, (hi - 1) // 2
+        a_e = AE[t]
+        a_o = AO[t]
+        ze = 0.0
+        for i in range(ie0, ie1 + 1):
+            ze += a_e[i] * be[i]
+        zo = 0.0
+        for i in range(io0, io1 + 1):
+            zo += a_o[i] * bo[i]
+        Z = ze + zo
+        if not Z >= Z_MIN:
+            return FALLBACK
+        invZ = 1.0 / Z
+        g = _row(grad, tb_layout, t, b)
+        if not fused:
+            g[:] = 0.0
+        g[lab[0]] -= ze * invZ
+        for i in range(io0, io1 + 1):
+            g[lab[i + 1]] -= a_o[i] * bo[i] * invZ
+        if t == 0:
+            break
+        # emission-inclusive beta at t over the band of t, then beta' at t - 1
+        eb = E[t, 0]
+        el = E[t]
+        nbad = 0
+        for i in range(ie0, ie1 + 1):
+            bv = be[i]
+            v = bv * eb
+            ie_[i] = v
+            nbad += (bv > 0.0) & (eb > 0.0) & (v < TINY)
+        for i in range(io0, io1 + 1):
+            bv = bo[i]
+            e = el[i + 1]
+            v = bv * e
+            io_[i] = v
+            nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
+        if nbad:
+            return FALLBACK
+        lo = max(0, K - 2 * (Tb - t + 1))
+        hi = min(K - 1, 2 * t - 1)
+        je0, je1 = (lo + 1) // 2, hi // 2
+        jo0, jo1 = lo // 2, (hi - 1) // 2
+        zb = 0.0
+        for i in range(je0, je1 + 1):
+            v = ie_[i] + (io_[i] if i < Lb else 0.0)
+            be2[i] = v
+            zb += v
+        for i in range(jo0, jo1 + 1):
+            v = io_[i] + ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
+            bo2[i] = v
+            zb += v
+        if not zb > 0.0:
+            return FALLBACK
+        inv = 1.0 / zb
+        for i in range(je0, je1 + 1):
+            u = be2[i] * inv
+            be2[i] = u
+            nbad += (u > 0.0) & (u < TINY)
+        for i in range(jo0, jo1 + 1):
+            u = bo2[i] * inv
+            bo2[i] = u
+            nbad += (u > 0.0) & (u < TINY)
+        if nbad:
+            return FALLBACK
+        be, be2 = be2, be
+        bo, bo2 = bo2, bo
+    return FAST
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def _ctc_kernel(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status):
+    """CTC loss (and gradient) of every sequence; one sequence per ``prange`` iteration.
+
+    Updates: ``loss (B,)`` float64, ``status (B,)`` (FAST / FALLBACK / INFEASIBLE)
+    and, when ``compute_grad``, every row of ``grad`` (same layout as ``x``).
+    """
+    if tb_layout:
+        T, B, C = x.shape
+    else:
+        B, T, C = x.shape
+    for b in prange(B):
+        Tb = il[b]
+        Lb = tl[b]
+        lab = _labels(targets[b], Lb, blank)
+        if compute_grad:
+            _zero_rows(grad, tb_layout, b, Tb, T)
+        repeats = 0
+        for j in range(1, Lb):
+            repeats += lab[j + 1] == lab[j]
+        if Tb == 0 or Tb < Lb + repeats:
+            # Zero frames: only the empty target is feasible (probability 1).
+            loss[b] = 0.0 if (Tb == 0 and Lb == 0) else INF
+            status[b] = INFEASIBLE
+            if compute_grad:
+                _zero_rows(grad, tb_layout, b, 0, Tb)
+            continue
+        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        if st == FALLBACK:
+            loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad)
+        status[b] = st
+
+
+# --------------------------------------------------------------------------- entry point
+def _set_threads() -> None:
+    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    if numba.get_num_threads() != n:
+        numba.set_num_threads(n)
+
+
+def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A C-contiguous ``(T, B, C)`` (``True``) or ``(B, T, C)`` (``False``) view of ``x``."""
+    if x.is_contiguous():
+        return x, True
+    if x.transpose(0, 1).is_contiguous():
+        return x.transpose(0, 1), False
+    return x.contiguous(), True
+
+
+def ctc_loss_forward(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+    *,
+    _status: list | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence CTC loss and gradient; see ``seqloss.reference.ctc.ctc_loss_forward``.
+
+    ``_status`` (testing hook): a list that receives the per-sequence path taken,
+    ``"fast"``, ``"fallback"`` or ``"infeasible"``.
+    """
+    T, B, C = log_probs.shape
+    in_dtype = log_probs.dtype
+    out_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
+    work = torch.float64 if in_dtype == torch.float64 else torch.float32
+    _set_threads()
+    x = log_probs.detach()
+    if x.dtype != work:
+        x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
+    xv, tb_layout = _as_layout(x)
+    if compute_grad:
+        gshape = (T, B, C) if tb_layout else (B, T, C)
+        gbuf = torch.empty(gshape, dtype=work)
+        gview = gbuf.numpy()
+        grad = gbuf if tb_layout else gbuf.transpose(0, 1)
+    else:
+        gview = np.empty((0, 0, 0), dtype=np.float64 if work == torch.float64 else np.float32)
+        grad = None
+    tg = targets.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+    il = input_lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+    tl = target_lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
+    loss = np.empty(B, dtype=np.float64)
+    status = np.empty(B, dtype=np.int64)
+    if B > 0:
+        _ctc_kernel(xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
+                    bool(compute_grad), gview, loss, status)
+    if _status is not None:
+        names = {FAST: "fast", FALLBACK: "fallback", INFEASIBLE: "infeasible"}
+        _status.extend(names[int(s)] for s in status)
+    loss_t = torch.from_numpy(loss).to(out_dtype)
+    if grad is None:
+        return loss_t, log_probs.new_empty(0)
+    if grad.dtype != in_dtype:
+        grad = grad.to(in_dtype)
+    return loss_t, grad
