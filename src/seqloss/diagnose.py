@@ -251,7 +251,7 @@ def _verdict(
         return "nonfinite", f"non-finite input: {nonfinite.where()} -> NaN loss and gradient"
     if not s_feasible:
         if kind == "ctc":
-            why = f"{L} labels + {repeats} repeats" if repeats else f"{L} labels"
+            why = f"{L} labels + {repeats} repeat{'s' * (repeats > 1)}" if repeats else f"{L} labels"
             msg = f"infeasible: needs {needed} frames ({why}), has {given}"
         else:
             msg = "infeasible: zero frames (a transducer needs at least one)"
@@ -321,13 +321,11 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
 
 
 def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
-    from .ctc import _targets_tensor
-
     device = x.device
     blank = int(a["blank"])
     fused = bool(a.get("fused_log_softmax", False))
     zero_inf = bool(a.get("zero_infinity", False))
-    tg = _targets_tensor(a["targets"], device)
+    tg = _validate.as_targets_tensor(a["targets"], device)
     il = _validate.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
     tl = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
     if x.dim() == 2:  # unbatched (T, C)

@@ -1,0 +1,7 @@
+"""``python -m seqloss``: the ``seqloss`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,333 @@
+"""``seqloss demo``: a one-minute tour on CPU, with nothing to download.
+
+Trains a tiny CTC model (and a tiny RNN-T model when ``seqloss.rnnt_loss`` exists) on
+the synthetic task of :mod:`seqloss._demo_data`, then shows seqloss beside torch's
+``ctc_loss`` on the same batch, a half-precision batch, an impossible sequence, and
+writes an alignment heatmap.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import seqloss
+
+from . import _demo_data as D
+
+PLOT_HINT = "matplotlib is not installed: pip install seqloss[plot] to get the alignment heatmap"
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:>7.3f}"), TimeElapsedColumn(),
+        console=console, transient=False,
+    )
+
+
+def _checkpoints(steps: int) -> list[int]:
+    marks = sorted({0, *(int(steps * f) - 1 for f in (0.1, 0.25, 0.5, 0.75, 1.0))})
+    return [m for m in marks if 0 <= m < steps]
+
+
+def _heading(console: Console, title: str) -> None:
+    console.print(f"[bold]{title}[/bold]", highlight=False)
+
+
+def _loss_table(losses: list[float], steps: int) -> Table:
+    t = Table()
+    t.add_column("step", justify="right")
+    t.add_column("loss (mean of last 10)", justify="right")
+    for m in _checkpoints(steps):
+        window = losses[max(0, m - 9): m + 1]
+        t.add_row(str(m + 1), f"{statistics.fmean(window):.3f}")
+    return t
+
+
+def _decode_table(truth: list[list[int]], hyp: list[list[int]], n: int = 5) -> Table:
+    t = Table()
+    t.add_column("truth")
+    t.add_column("greedy decode")
+    t.add_column("", justify="center")
+    for a, b in list(zip(truth, hyp))[:n]:
+        t.add_row(" ".join(map(str, a)), " ".join(map(str, b)), "ok" if a == b else "x")
+    return t
+
+
+def _ler(truth: list[list[int]], hyp: list[list[int]]) -> float:
+    err = sum(D.edit_distance(h, r) for h, r in zip(hyp, truth))
+    return err / max(1, sum(len(r) for r in truth))
+
+
+def train_ctc(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyCTC, list[float]]:
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    model = D.TinyCTC()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses: list[float] = []
+    with _progress(console) as prog:
+        task = prog.add_task("CTC   training", total=steps, loss=float("nan"))
+        for _ in range(steps):
+            b = make_train_batch(g)
+            loss = seqloss.ctc_loss(model(b.x), b.targets, b.input_lengths, b.target_lengths,
+                                    blank=D.BLANK, backend=backend)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+            prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
+    return model, losses
+
+
+def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyRNNT, list[float]]:
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    model = D.TinyRNNT()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses: list[float] = []
+    with _progress(console) as prog:
+        task = prog.add_task("RNN-T training", total=steps, loss=float("nan"))
+        for _ in range(steps):
+            b = make_train_batch(g)
+            logits = model(b.x, b.targets)
+            loss = seqloss.rnnt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
+                                     blank=D.BLANK, reduction="mean", backend=backend)
+            # The transducer "mean" is per sequence; per label reads like the CTC loss.
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss) / float(b.target_lengths.float().mean()))
+            prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
+    return model, losses
+
+
+def make_train_batch(g: torch.Generator) -> D.Batch:
+    return D.make_batch(16, g)
+
+
+def _median_ms(fn, n: int = 5) -> float:  # noqa: ANN001
+    fn()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def compare_with_torch(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console) -> None:
+    with torch.no_grad():
+        logits = model.logits(batch.x)
+    args = (batch.targets, batch.input_lengths, batch.target_lengths)
+
+    def run(lib: str) -> tuple[float, torch.Tensor]:
+        x = logits.clone().requires_grad_(True)
+        lp = x.log_softmax(-1)
+        if lib == "torch":
+            loss = F.ctc_loss(lp, *args, blank=D.BLANK, reduction="mean")
+        else:
+            loss = seqloss.ctc_loss(lp, *args, blank=D.BLANK, reduction="mean", backend=backend)
+        loss.backward()
+        return float(loss), x.grad
+
+    (ls, gs), (lt, gt) = run("seqloss"), run("torch")
+    _heading(console, f"The same batch (T, B, C = {tuple(logits.shape)}), through log_softmax, "
+             "reduction mean")
+    t = Table()
+    t.add_column("library")
+    t.add_column("loss", justify="right")
+    t.add_column("forward+backward ms (median)", justify="right")
+    t.add_row("seqloss", f"{ls:.6f}", f"{_median_ms(lambda: run('seqloss')):.2f}")
+    t.add_row("torch", f"{lt:.6f}", f"{_median_ms(lambda: run('torch')):.2f}")
+    console.print(t)
+    console.print(f"largest |gradient difference| on the logits: {float((gs - gt).abs().max()):.2e}")
+
+
+def half_precision(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console) -> None:
+    with torch.no_grad():
+        lp32 = model(batch.x)
+    args = (batch.targets, batch.input_lengths, batch.target_lengths)
+    ref = seqloss.ctc_loss(lp32.double(), *args, blank=D.BLANK, reduction="none", backend=backend)
+    _heading(console, "Half precision on CPU (per-sequence loss against float64)")
+    t = Table()
+    t.add_column("dtype")
+    t.add_column("library")
+    t.add_column("result")
+    for dtype in (torch.float16, torch.bfloat16):
+        lp = lp32.to(dtype)
+        try:
+            lt = F.ctc_loss(lp, *args, blank=D.BLANK, reduction="none")
+            torch_res = f"loss dtype {lt.dtype}, max |error| {float((lt.double() - ref).abs().max()):.2e}"
+        except Exception as e:  # noqa: BLE001 - torch's refusal is what we show
+            torch_res = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        x = lp.clone().requires_grad_(True)
+        ls = seqloss.ctc_loss(x, *args, blank=D.BLANK, reduction="none", backend=backend)
+        ls.sum().backward()
+        err = float((ls.double() - ref).abs().max())
+        name = str(dtype).replace("torch.", "")
+        t.add_row(name, "torch", torch_res)
+        t.add_row(name, "seqloss", f"loss dtype {ls.dtype}, max |error| {err:.2e}, "
+                  f"grad dtype {x.grad.dtype}, finite: {bool(torch.isfinite(x.grad).all())}")
+    console.print(t)
+
+
+def infeasible(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console) -> None:
+    B = 3
+    with torch.no_grad():
+        logits = model.logits(batch.x[:B])
+    tg, il, tl = batch.targets[:B], batch.input_lengths[:B].clone(), batch.target_lengths[:B]
+    il[1] = int(tl[1]) - 1  # fewer frames than labels: no alignment exists
+    _heading(console, f"An impossible sequence (item 1: {int(tl[1])} labels, {int(il[1])} frames)")
+    t = Table()
+    t.add_column("library")
+    t.add_column("losses (none)")
+    t.add_column("mean")
+    t.add_column("gradient of the mean")
+    for lib, zi in (("torch", False), ("seqloss", False), ("torch", True), ("seqloss", True)):
+        cells = []
+        for red in ("none", "mean"):
+            x = logits.clone().requires_grad_(True)
+            lp = x.log_softmax(-1)
+            if lib == "torch":
+                loss = F.ctc_loss(lp, tg, il, tl, blank=D.BLANK, reduction=red, zero_infinity=zi)
+            else:
+                loss = seqloss.ctc_loss(lp, tg, il, tl, blank=D.BLANK, reduction=red,
+                                        zero_infinity=zi, backend=backend)
+            if red == "none":
+                cells.append("[" + ", ".join(f"{v:.3f}" for v in loss.tolist()) + "]")
+            else:
+                loss.backward()
+                g = x.grad
+                nan = int(torch.isnan(g).sum())
+                item = g[:, 1]
+                desc = f"{nan} NaN" if nan else (
+                    "finite; item 1 zero" if bool((item == 0).all()) else "finite")
+                cells += [f"{float(loss):.3f}", desc]
+        t.add_row(lib + (" zero_infinity" if zi else ""), *cells)
+    console.print(t)
+    rep = seqloss.diagnose("ctc", logits.log_softmax(-1), tg, il, tl, blank=D.BLANK, backend=backend)
+    console.print("seqloss.diagnose says, for item 1: " + rep.sequences[1].verdict, markup=False)
+
+
+def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batch, out: Path,
+                  console: Console) -> Path | None:
+    """The CTC posteriors of one utterance with its forced (Viterbi) path; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
+    except ImportError:
+        console.print(PLOT_HINT)
+        return None
+    b = 0
+    Tb, L = int(batch.input_lengths[b]), int(batch.target_lengths[b])
+    with torch.no_grad():
+        lp = model(batch.x[b: b + 1])  # (T, 1, C)
+    post = lp[:Tb, 0].exp().T.numpy()  # (C, T)
+    truth = batch.label_list(b)
+    path_label = "greedy path (argmax)"
+    path = lp[:Tb, 0].argmax(-1).tolist()
+    align = getattr(seqloss, "ctc_align", None)
+    if align is not None:
+        labels, _ = align(lp[:, :1], batch.targets[b: b + 1], batch.input_lengths[b: b + 1],
+                          batch.target_lengths[b: b + 1], blank=D.BLANK)
+        path = labels[0, :Tb].tolist()
+        path_label = "forced alignment (seqloss.ctc_align)"
+    panels = 2 if rnnt_model is not None else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels), squeeze=False)
+    ax = axes[0, 0]
+    im = ax.imshow(post, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
+    ax.plot(range(Tb), path, "w.-", lw=1, ms=5, label=path_label)
+    ax.set_yticks(range(D.NUM_CLASSES), ["blank"] + [str(c) for c in range(1, D.NUM_CLASSES)])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("frame")
+    ax.set_ylabel("class")
+    ax.set_title(f"CTC posteriors, target {' '.join(map(str, truth))}")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.colorbar(im, ax=ax, label="p(class | frame)")
+    if rnnt_model is not None:
+        ax = axes[1, 0]
+        with torch.no_grad():
+            logits = rnnt_model(batch.x[b: b + 1], batch.targets[b: b + 1, :L])[0, :Tb]  # (T, U+1, V)
+        lpr = logits.log_softmax(-1)
+        emit = torch.stack([lpr[:, u, truth[u]] for u in range(L)], dim=1).exp()  # (T, U)
+        im = ax.imshow(emit.T.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1)
+        ra = getattr(seqloss, "rnnt_align", None)
+        if ra is not None:
+            frames, _ = ra(logits[None], batch.targets[b: b + 1, :L], batch.input_lengths[b: b + 1],
+                           batch.target_lengths[b: b + 1], blank=D.BLANK)
+            ax.plot(frames[0].tolist(), range(L), "c.-", lw=1, ms=6,
+                    label="best path emissions (seqloss.rnnt_align)")
+            ax.legend(loc="upper left", fontsize=8)
+        ax.set_yticks(range(L), [f"{u}: {c}" for u, c in enumerate(truth)])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("frame")
+        ax.set_ylabel("next token")
+        ax.set_title("RNN-T: p(emit next target | frame, tokens so far)")
+        fig.colorbar(im, ax=ax, label="probability")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path_png = out / "ctc_alignment.png"
+    fig.savefig(path_png, dpi=120)
+    plt.close(fig)
+    console.print(f"alignment heatmap written to {path_png}")
+    return path_png
+
+
+def run_demo(steps: int = 300, out: str = "seqloss-demo", seed: int = 0, backend: str = "auto",
+             console: Console | None = None) -> int:
+    console = console or Console()
+    t_start = time.perf_counter()
+    from ._dispatch import resolve_backend
+
+    name = resolve_backend(backend, torch.device("cpu"))
+    console.rule("[bold]seqloss demo")
+    console.print(
+        f"Tiny models on a synthetic task: label strings (ids 1..{D.NUM_LABELS}, blank 0) spoken "
+        "as noisy one-hot frames, each label 2-3 frames long. CPU, backend: "
+        f"{name}, {steps} steps, seed {seed}."
+    )
+    g_test = torch.Generator().manual_seed(seed + 1000)
+    test = D.make_batch(64, g_test)
+
+    model, losses = train_ctc(steps, seed, backend, console)
+    _heading(console, "CTC loss (per label) falling")
+    console.print(_loss_table(losses, steps))
+    with torch.no_grad():
+        hyp = D.ctc_greedy(model(test.x), test.input_lengths)
+    truth = [test.label_list(b) for b in range(test.x.shape[0])]
+    _heading(console, "CTC greedy decode against the truth (held-out)")
+    console.print(_decode_table(truth, hyp))
+    console.print(f"CTC label error rate on 64 held-out utterances: {_ler(truth, hyp):.1%}")
+
+    rnnt_model = None
+    if hasattr(seqloss, "rnnt_loss"):
+        rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
+        _heading(console, "RNN-T loss (per label) falling")
+        console.print(_loss_table(r_losses, steps))
+        r_hyp = D.rnnt_greedy(rnnt_model, test.x[:16], test.input_lengths[:16])
+        _heading(console, "RNN-T greedy decode against the truth (held-out)")
+        console.print(_decode_table(truth, r_hyp))
+        console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
+    else:
+        console.print("seqloss.rnnt_loss is not in this build: skipping the RNN-T model")
+
+    console.rule("seqloss beside torch.nn.functional.ctc_loss")
+    compare_with_torch(model, test, backend, console)
+    half_precision(model, test, backend, console)
+    infeasible(model, test, backend, console)
+
+    console.rule("alignment")
+    alignment_png(model, rnnt_model, test, Path(out), console)
+    console.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
+    return 0

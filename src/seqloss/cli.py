@@ -1,0 +1,226 @@
+"""The ``seqloss`` command: ``demo``, ``doctor FILE`` and ``bench``.
+
+Exit status: 0 on success; 1 when ``doctor`` finds a problem (a non-finite or
+infeasible sequence, or arguments the loss rejects); 2 for bad usage or an
+unreadable file. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _fail(prog: str, message: str, status: int = EXIT_USAGE) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _console():  # noqa: ANN202 - rich Console
+    from rich.console import Console
+
+    c = Console()
+    if not c.is_terminal:  # piped: don't squeeze tables into 80 columns
+        c = Console(width=max(c.width, 120))
+    return c
+
+
+# --------------------------------------------------------------------------- demo
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(steps=args.steps, out=args.out, seed=args.seed, backend=args.backend,
+                    console=_console())
+
+
+# --------------------------------------------------------------------------- doctor
+def _load_args(path: str) -> dict | str:
+    """The saved dict, or a one-line reason it cannot be used."""
+    import torch
+
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        return f"cannot read {path}: no such file"
+    except IsADirectoryError:
+        return f"cannot read {path}: it is a directory"
+    except Exception as e:  # noqa: BLE001 - any load failure is "unreadable"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return f"cannot read {path} as a torch.save'd file ({first})"
+    if not isinstance(obj, dict):
+        return f"{path} holds a {type(obj).__name__}, expected a dict of loss arguments with a 'kind'"
+    kind = obj.get("kind")
+    if kind not in ("ctc", "rnnt"):
+        return f"{path}: 'kind' must be 'ctc' or 'rnnt', got {kind!r}"
+    return obj
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from ._errors import InputError
+    from .diagnose import diagnose
+
+    prog = "seqloss doctor"
+    loaded = _load_args(args.file)
+    if isinstance(loaded, str):
+        return _fail(prog, loaded)
+    kwargs = dict(loaded)
+    kind = kwargs.pop("kind")
+    kwargs.pop("reduction", None)
+    if args.backend:
+        kwargs["backend"] = args.backend
+    try:
+        report = diagnose(kind, **kwargs)
+    except NotImplementedError as e:
+        return _fail(prog, str(e))
+    except (InputError, TypeError, ValueError) as e:
+        # The saved arguments fail the loss's own validation: that is the diagnosis.
+        msg = f"{type(e).__name__}: {e}"
+        if args.json:
+            print(json.dumps({"kind": kind, "ok": False,
+                              "error": {"type": type(e).__name__, "message": str(e)}}))
+        else:
+            print(f"{kind} arguments in {args.file} are invalid: {msg}")
+        return EXIT_PROBLEM
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+    else:
+        print(report)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+# --------------------------------------------------------------------------- bench
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import seqloss
+
+    from . import bench
+
+    prog = "seqloss bench"
+    has_rnnt = hasattr(seqloss, "rnnt_loss")
+    if args.loss == "rnnt" and not has_rnnt:
+        return _fail(prog, "seqloss.rnnt_loss is not in this build")
+    losses = [args.loss] if args.loss else [x for x in bench.LOSSES if x == "ctc" or has_rnnt]
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return _fail(prog, "--device cuda: CUDA is not available")
+    dtype = getattr(torch, args.dtype)
+    console = _console()
+    all_results = []
+    for loss in losses:
+        cs = bench.cases(loss, args.sizes)
+        peers, missing = bench.available_peers(loss)
+        if missing:
+            console.print(f"{loss}: peers not installed: " + ", ".join(
+                f"{k} ({v})" for k, v in missing.items()))
+        total = bench.steps_for(cs, 1 + len(peers), args.repeats)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True) as progress:
+            task = progress.add_task(f"{loss} ({args.sizes})", total=total)
+            results = bench.run_cases(
+                cs, device=device, dtype=dtype, repeats=args.repeats, peers=peers,
+                on_step=lambda label: progress.update(task, advance=1, description=label),
+            )
+        all_results += results
+        console.print(bench.results_table(
+            results, title=f"{loss}, {args.sizes} sizes, {args.dtype}, {device}"))
+        for r in results:
+            for t in r.timings.values():
+                if t.error:
+                    console.print(f"  {r.case}: {t.library} failed: {t.error}", markup=False)
+    if args.json:
+        bench.write_json(args.json, all_results, device)
+        console.print(f"results written to {args.json}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="seqloss", description="seqloss: exact, fast alignment-free sequence losses "
+                "(CTC, RNN-T) for PyTorch.")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"seqloss {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench}")
+
+    d = sub.add_parser("demo", help="train tiny CTC and RNN-T models on CPU in about a minute",
+                       description="Train tiny CTC and RNN-T models on an embedded synthetic task "
+                       "(no download), compare with torch's ctc_loss, show half precision and an "
+                       "impossible sequence, and write an alignment heatmap PNG.")
+    d.add_argument("--steps", type=_positive_int, default=300,
+                   help="training steps per model (default 300)")
+    d.add_argument("--out", default="seqloss-demo", metavar="DIR",
+                   help="folder for the alignment PNG (default ./seqloss-demo)")
+    d.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    d.add_argument("--backend", default="auto", choices=["auto", "reference", "numba", "triton"],
+                   help="seqloss backend (default auto)")
+    d.set_defaults(func=_cmd_demo)
+
+    doc = sub.add_parser(
+        "doctor", help="diagnose a saved batch: feasibility, non-finite inputs, loss, gradients",
+        description="FILE is a torch.save'd dict of a loss's arguments, e.g. {'kind': 'ctc', "
+        "'log_probs': ..., 'targets': ..., 'input_lengths': ..., 'target_lengths': ..., "
+        "'blank': 0} (kind 'rnnt': logits, targets, logit_lengths, target_lengths, blank). "
+        "Exit status: 0 all sequences fine; 1 a sequence is non-finite or infeasible, or the "
+        "arguments fail validation; 2 the file cannot be read.")
+    doc.add_argument("file", metavar="FILE", help="torch.save'd dict of loss arguments")
+    doc.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    doc.add_argument("--backend", default=None, choices=["auto", "reference", "numba", "triton"],
+                     help="seqloss backend (default: the file's, else auto)")
+    doc.set_defaults(func=_cmd_doctor)
+
+    b = sub.add_parser("bench", help="time seqloss against the installed peers",
+                       description="Time forward + backward of seqloss and every importable peer "
+                       "(torch, optax; torchaudio, fast_rnnt, warprnnt-numba) on the registered "
+                       "cases, interleaved, and print each peer's time over seqloss's.")
+    b.add_argument("--loss", choices=["ctc", "rnnt"], default=None,
+                   help="which loss (default: every loss in this build)")
+    b.add_argument("--sizes", choices=["small", "paper"], default="small",
+                   help="case grid: small (seconds) or paper (minutes) (default small)")
+    b.add_argument("--json", metavar="FILE", default=None, help="also write results as JSON")
+    b.add_argument("--repeats", type=_positive_int, default=5, help="timed calls per library (default 5)")
+    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", choices=["float32", "float64", "float16", "bfloat16"],
+                   default="float32", help="input dtype (default float32)")
+    b.set_defaults(func=_cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.error("choose a command: demo, doctor or bench")
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("seqloss: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
