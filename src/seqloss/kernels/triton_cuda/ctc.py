@@ -1,0 +1,442 @@
+"""CTC loss and gradient with Triton, same interface and semantics as ``seqloss.reference.ctc``.
+
+Launches, in stream order (each phase is its own launch, so no phase ever reads
+what another program of the same launch writes):
+
+1. ``ctc_normalizer_kernel`` (fused only): ``lse[t, b] = logsumexp_c x[t, b, c]``,
+   one online pass over the logits, one program per block of ``(t, b)`` rows.
+2. ``ctc_alpha_kernel``: one program per sequence, forward recursion over its
+   frames, states vectorized; writes ``log_alpha (T, B, K)`` (two rows per
+   sequence when no gradient is wanted) and the loss.
+3. ``ctc_softmax_grad_kernel`` (fused only; else ``torch.zeros``): the dense part
+   of the gradient, ``softmax(x)`` on the frames a feasible sequence reads and 0
+   everywhere else; one program per block of rows, one pass over the logits.
+4. ``ctc_beta_kernel``: one program per sequence, backward recursion; at each
+   frame it forms the state occupation, sums it per class (blank, then each
+   distinct label) and overwrites the gradient at those classes with
+   ``base - occupation`` (``base`` = softmax when fused, else 0), computed in the
+   accumulation dtype and rounded once. A class is written by exactly one lane
+   of one program: the race-free, deterministic scatter.
+
+Accumulation in float32 (float64 for float64 input); half inputs are cast at
+load (the interpreter keeps bfloat16 as raw integers and cannot compute on it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["ctc_loss_forward"]
+
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def _logaddexp3(a, b, c):
+    """Guarded ``log(exp(a) + exp(b) + exp(c))``: all ``-inf`` gives ``-inf``, never NaN."""
+    m = tl.maximum(tl.maximum(a, b), c)
+    none = m == float("-inf")
+    shift = tl.where(none, 0.0, m)
+    total = tl.exp(a - shift) + tl.exp(b - shift) + tl.exp(c - shift)
+    # log(0) is never evaluated (the interpreter would warn even where discarded).
+    return tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, total)) + shift)
+
+
+@triton.jit
+def _frame_shift(x):
+    """The frame's maximum, 0 when every state is ``-inf`` (nothing to rescale)."""
+    m = tl.max(x, axis=0)
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def ctc_normalizer_kernel(
+    x_ptr, il_ptr, lse_ptr,
+    T, B, C,
+    stride_xt, stride_xb, stride_xc,
+    FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """``lse[t, b] = logsumexp(x[t, b, :])`` for a block of ``BLOCK_R`` rows ``r = t * B + b``.
+
+    Online over chunks of ``BLOCK_C`` classes (one read of the logits). Rows with
+    ``t >= input_lengths[b]`` are neither read nor written.
+
+    Updates:
+        lse (T, B): accumulation dtype.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < T * B
+    i_t = i_r // B
+    i_b = i_r % B
+    b_len = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    m_row = m_r & (i_t < b_len)
+    p_row = x_ptr + i_t * stride_xt + i_b * stride_xb
+    b_m = tl.full([BLOCK_R], float("-inf"), ACC)
+    b_s = tl.zeros([BLOCK_R], ACC)
+    for c0 in range(0, C, BLOCK_C):
+        o_c = c0 + tl.arange(0, BLOCK_C)
+        m_x = m_row[:, None] & (o_c < C)[None, :]
+        b_x = tl.load(p_row[:, None] + o_c[None, :] * stride_xc, mask=m_x, other=float("-inf")).to(ACC)
+        b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
+        shift = tl.where(b_new == float("-inf"), 0.0, b_new)
+        b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
+        b_m = b_new
+    none = b_m == float("-inf")
+    # An all -inf row gives -inf here and NaN log-probs downstream, as torch's log_softmax.
+    b_lse = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)) + b_m)
+    tl.store(lse_ptr + i_r, b_lse, mask=m_row)
+
+
+@triton.jit
+def _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_e, FUSED: tl.constexpr, ACC: tl.constexpr):
+    """Log-probabilities of the extended labels at frame ``t`` (``-inf`` off ``m_e``)."""
+    b_e = tl.load(p_x + t * stride_xt, mask=m_e, other=float("-inf")).to(ACC)
+    if FUSED:
+        b_e = b_e - tl.load(lse_ptr + t * B + i_b)
+        b_e = tl.where(m_e, b_e, float("-inf"))
+    return b_e
+
+
+@triton.jit
+def ctc_alpha_kernel(
+    x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr,
+    B, K,
+    stride_xt, stride_xb, stride_xc, stride_tb, stride_ts,
+    blank,
+    FUSED: tl.constexpr, STORE_ALL: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Forward recursion of sequence ``b = program_id(0)`` over its ``input_lengths[b]`` frames.
+
+    Lane ``s`` holds ``log_alpha[t, s]`` of the extended label ``l'_s`` (blank at even
+    ``s``, ``targets[b, (s - 1) / 2]`` at odd ``s``), ``s < 2 L_b + 1``::
+
+        alpha[t, s] = e[t, s] + logaddexp(alpha[t-1, s], alpha[t-1, s-1],
+                                          alpha[t-1, s-2] if l'_s != blank, l'_s != l'_{s-2})
+
+    The shifted states ``s-1``, ``s-2`` live in other lanes (other threads): they are
+    read back from the row stored for frame ``t-1``. Race-freedom on a GPU: the row
+    ``(t, b)`` of ``alpha`` is written by this program only (one program per
+    sequence, no other program of the launch touches it), and every store of
+    frame ``t-1`` is followed by ``tl.debug_barrier()`` (``bar.sync``, which also
+    orders the CTA's global-memory accesses) before the loads of frame ``t``. With
+    ``STORE_ALL=False`` the rows alternate between two slots; the slot written at
+    frame ``t+1`` was last read at frame ``t``, before that frame's barrier.
+
+    Updates:
+        alpha (T or 2, B, K): ``log_alpha`` at row ``t`` (``t % 2``), lanes ``s < 2 L_b + 1``.
+        loss (B,): ``-log p``; ``+inf`` if impossible; zero frames: 0 for an empty target.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_b = tl.program_id(0).to(tl.int64)
+    b_T = tl.load(il_ptr + i_b)
+    b_L = tl.load(tl_ptr + i_b)
+    K_b = 2 * b_L + 1
+    o_s = tl.arange(0, BLOCK_K)
+    m_s = o_s < K_b
+    m_lab = m_s & ((o_s % 2) == 1)
+    p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
+    b_ext = tl.load(p_tgt, mask=m_lab, other=blank)
+    b_prev = tl.load(p_tgt - stride_ts, mask=m_lab & (o_s >= 3), other=blank)
+    m_skip = m_lab & (o_s >= 3) & (b_ext != blank) & (b_ext != b_prev)
+    p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
+
+    has = b_T > 0
+    # Scalar conditions enter masks as vector comparisons: the interpreter turns
+    # ``vector_bool & scalar_bool`` into int32, which it then rejects as a mask.
+    m_0 = o_s < tl.where(has, K_b, 0)
+    b_e = _emission(p_x, 0, stride_xt, lse_ptr, B, i_b, m_0, FUSED, ACC)
+    b_a = tl.where(o_s < 2, b_e, float("-inf"))
+    # Each frame's row is rescaled to a maximum of 0 and the shifts are summed in
+    # float64: the stored values stay O(|log p_t|), so float32 rounding does not
+    # grow with t (unscaled, alpha reaches -T * |log p| and its ulp with it).
+    shift = _frame_shift(b_a)
+    b_a = b_a - shift
+    b_off = shift.to(tl.float64)
+    p_a = alpha_ptr + i_b * K + o_s
+    tl.store(p_a, b_a, mask=m_0)
+    tl.debug_barrier()
+    for t in range(1, b_T):
+        if STORE_ALL:
+            p_prev = alpha_ptr + ((t - 1) * B + i_b) * K + o_s
+            p_cur = alpha_ptr + (t * B + i_b) * K + o_s
+        else:
+            p_prev = alpha_ptr + (((t - 1) % 2) * B + i_b) * K + o_s
+            p_cur = alpha_ptr + ((t % 2) * B + i_b) * K + o_s
+        b_a1 = tl.load(p_prev - 1, mask=m_s & (o_s >= 1), other=float("-inf"))
+        b_a2 = tl.load(p_prev - 2, mask=m_skip, other=float("-inf"))
+        b_e = _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_s, FUSED, ACC)
+        b_a = b_e + _logaddexp3(b_a, b_a1, b_a2)
+        shift = _frame_shift(b_a)
+        b_a = b_a - shift
+        b_off += shift.to(tl.float64)
+        tl.store(p_cur, b_a, mask=m_s)
+        tl.debug_barrier()
+
+    # log p = logaddexp(alpha[T_b-1, K_b-1], alpha[T_b-1, K_b-2]); lane K_b-2 is
+    # the last label (absent when L_b = 0, K_b - 2 = -1 matches no lane).
+    m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
+    b_v = tl.where(m_fin, b_a, float("-inf"))
+    b_max = tl.max(b_v, axis=0)
+    none = b_max == float("-inf")
+    shift = tl.where(none, 0.0, b_max)
+    b_tot = tl.sum(tl.where(m_fin, tl.exp(b_v - shift), 0.0), axis=0)
+    b_ll = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_tot)) + shift)
+    b_ll = (b_ll.to(tl.float64) + b_off).to(ACC)
+    # Zero frames: only the empty target is feasible (probability 1).
+    b_ll = tl.where(has, b_ll, tl.where(b_L == 0, 0.0, float("-inf")))
+    tl.store(loss_ptr + i_b, -b_ll)
+
+
+@triton.jit
+def ctc_softmax_grad_kernel(
+    x_ptr, lse_ptr, il_ptr, loss_ptr, grad_ptr,
+    T, B, C,
+    stride_xt, stride_xb, stride_xc, stride_gt, stride_gb, stride_gc,
+    FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Dense part of the fused gradient for a block of ``BLOCK_R`` rows ``r = t * B + b``.
+
+    ``grad[t, b, :] = exp(x[t, b, :] - lse[t, b])`` where ``t < input_lengths[b]`` and
+    the sequence is feasible, else 0 (those rows are not read). The label and blank
+    classes are overwritten afterwards by ``ctc_beta_kernel``.
+
+    Updates:
+        grad (T, B, C): every element.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < T * B
+    i_t = i_r // B
+    i_b = i_r % B
+    b_len = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    b_loss = tl.load(loss_ptr + i_b, mask=m_r, other=float("inf"))
+    m_row = m_r & (i_t < b_len) & (b_loss != float("inf"))
+    b_lse = tl.load(lse_ptr + i_r, mask=m_row, other=0.0)
+    p_x = x_ptr + i_t * stride_xt + i_b * stride_xb
+    p_g = grad_ptr + i_t * stride_gt + i_b * stride_gb
+    for c0 in range(0, C, BLOCK_C):
+        o_c = c0 + tl.arange(0, BLOCK_C)
+        m_c = (o_c < C)[None, :]
+        b_x = tl.load(p_x[:, None] + o_c[None, :] * stride_xc, mask=m_row[:, None] & m_c,
+                      other=float("-inf")).to(ACC)
+        b_g = tl.where(m_row[:, None], tl.exp(b_x - b_lse[:, None]), 0.0)
+        tl.store(p_g[:, None] + o_c[None, :] * stride_gc, b_g, mask=m_r[:, None] & m_c)
+
+
+@triton.jit
+def ctc_beta_kernel(
+    x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr, scratch_ptr, grad_ptr,
+    perm_ptr, pos_ptr, count_ptr, mult_ptr,
+    B, S, K,
+    stride_xt, stride_xb, stride_xc, stride_tb, stride_ts, stride_gt, stride_gb, stride_gc,
+    blank,
+    FUSED: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Backward recursion and occupation of sequence ``b = program_id(0)``.
+
+    ``beta'[t, s]`` excludes the emission at ``t`` (0 on the two final states at
+    ``t = T_b - 1``); ``bn = beta' + e`` is the recursion's carried row::
+
+        beta'[t, s] = logaddexp(bn[t+1, s], bn[t+1, s+1],
+                                bn[t+1, s+2] if l'_{s+2} != blank, l'_{s+2} != l'_s)
+        gamma[t, s] = exp(alpha[t, s] + beta'[t, s] - log p)
+
+    The occupation of a class is the sum of ``gamma`` over its states: blank over
+    the lanes holding blank; a label over its occurrences in the target, summed
+    by the lane of its first occurrence (``count > 0``) in increasing position
+    order (``perm``/``pos``: the target's positions sorted by label). That lane
+    alone writes ``grad[t, b, class] = base - occupation``.
+
+    Race-freedom on a GPU: as in ``ctc_alpha_kernel``, the scratch rows (``bn``
+    for the shifted states, ``gamma`` for the per-class sums) belong to this
+    program only and alternate between two slots; each frame stores both, then
+    ``tl.debug_barrier()``, then reads. A slot is rewritten two frames later,
+    after the intervening frame's barrier, hence after every read of it.
+    ``alpha`` was written by an earlier launch; ``grad`` rows ``(., b)`` are
+    written by this program only, each class by one lane, after the dense pass
+    (an earlier launch) wrote them.
+
+    Updates:
+        grad (T, B, C): blank and label classes of frames ``t < T_b`` (feasible only).
+        scratch (B, 2, 2, K): working rows.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_b = tl.program_id(0).to(tl.int64)
+    b_T = tl.load(il_ptr + i_b)
+    b_L = tl.load(tl_ptr + i_b)
+    K_b = 2 * b_L + 1
+    o_s = tl.arange(0, BLOCK_K)
+    m_s = o_s < K_b
+    m_lab = m_s & ((o_s % 2) == 1)
+    p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
+    b_ext = tl.load(p_tgt, mask=m_lab, other=blank)
+    m_n = m_lab & (o_s + 2 < K_b)
+    b_next = tl.load(p_tgt + stride_ts, mask=m_n, other=blank)
+    m_skip_next = m_n & (b_next != blank) & (b_next != b_ext)
+    m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
+    m_blank = m_s & (b_ext == blank)
+    p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
+    p_g = grad_ptr + i_b * stride_gb + b_ext.to(tl.int64) * stride_gc
+
+    # Class groups: count > 0 marks the first occurrence of a label (the group's size).
+    o_l = i_b * S + o_s // 2
+    b_count = tl.load(count_ptr + o_l, mask=m_lab, other=0)
+    b_pos = tl.load(pos_ptr + o_l, mask=m_lab, other=0)
+    b_mult = tl.load(mult_ptr + i_b)
+    m_write = (o_s == 0) | (b_count > 0)
+
+    b_ll = -tl.load(loss_ptr + i_b)
+    # Impossible alignment: the gradient stays as the dense pass left it (zero).
+    n_t = tl.where(b_ll == float("-inf"), 0, b_T)
+    p_scr = scratch_ptr + i_b * 4 * K + o_s
+    b_bn = tl.full([BLOCK_K], float("-inf"), ACC)
+    for it in range(0, n_t):
+        t = n_t - 1 - it
+        slot = (t % 2) * 2 * K
+        prev = ((t + 1) % 2) * 2 * K
+        m_more = t + 1 < n_t
+        # (scalar conditions as vector comparisons: see ctc_alpha_kernel)
+        K_more = tl.where(m_more, K_b, 0)
+        b_b1 = tl.load(p_scr + prev + 1, mask=o_s + 1 < K_more, other=float("-inf"))
+        b_b2 = tl.load(p_scr + prev + 2, mask=m_skip_next & (o_s + 2 < K_more),
+                       other=float("-inf"))
+        b_beta = tl.where(m_more, _logaddexp3(b_bn, b_b1, b_b2),
+                          tl.where(m_fin, 0.0, float("-inf")))
+        b_alpha = tl.load(alpha_ptr + (t * B + i_b) * K + o_s, mask=m_s, other=float("-inf"))
+        # Every path crosses frame t in exactly one state, so the occupation is the
+        # softmax over states of alpha + beta': the frame's rescalings of alpha and
+        # beta (and log p) cancel, and so do their rounding errors.
+        b_v = tl.where(m_s, b_alpha + b_beta, float("-inf"))
+        shift = _frame_shift(b_v)
+        b_p = tl.exp(b_v - shift)
+        b_z = tl.sum(b_p, axis=0)
+        b_gamma = b_p / tl.where(b_z > 0, b_z, 1.0)
+        b_e = _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_s, FUSED, ACC)
+        # beta' is rescaled by the same shift: its important states stay O(|log p_t|).
+        b_bn = (b_beta - shift) + b_e
+        tl.store(p_scr + slot, b_bn, mask=m_s)
+        tl.store(p_scr + slot + K, b_gamma, mask=m_s)
+        tl.debug_barrier()
+
+        b_occ = b_gamma
+        for j in range(1, b_mult):
+            m_j = j < b_count
+            i_other = tl.load(perm_ptr + i_b * S + b_pos + j, mask=m_j, other=0)
+            b_occ += tl.load(scratch_ptr + i_b * 4 * K + slot + K + 2 * i_other + 1,
+                             mask=m_j, other=0.0)
+        b_occ = tl.where(o_s == 0, tl.sum(tl.where(m_blank, b_gamma, 0.0), axis=0), b_occ)
+        if FUSED:
+            b_g = tl.exp(b_e) - b_occ
+        else:
+            b_g = -b_occ
+        tl.store(p_g + t * stride_gt, b_g, mask=m_write & m_s)
+
+
+def _label_groups(targets: torch.Tensor, target_lengths: torch.Tensor, blank: int):
+    """Per sequence, the target positions grouped by label, without a host sync.
+
+    Returns ``perm (B, S)``: positions sorted by (label, position); ``pos (B, S)``:
+    each position's index in ``perm``; ``count (B, S)``: the group's size at a
+    label's first occurrence, else 0; ``mult (B,)``: the largest group. Padding and
+    (unvalidated) blank ids belong to no group: blank is summed separately.
+    """
+    B, S = targets.shape
+    device = targets.device
+    ar = torch.arange(S, device=device)
+    valid = (ar[None, :] < target_lengths[:, None]) & (targets != blank)
+    key = torch.where(valid, targets + 1, 0) * S + ar[None, :]
+    sorted_key, perm = torch.sort(key, dim=1)  # keys are distinct: any sort is stable
+    lab = torch.div(sorted_key, S, rounding_mode="floor")
+    head = torch.ones_like(valid)
+    head[:, 1:] = lab[:, 1:] != lab[:, :-1]
+    seg = torch.cumsum(head.long(), dim=1) - 1
+    size = torch.zeros_like(seg).scatter_add_(1, seg, torch.ones_like(seg))
+    first = torch.where(head & (lab > 0), size.gather(1, seg), 0)
+    count = torch.zeros_like(seg).scatter_(1, perm, first)
+    pos = torch.zeros_like(seg).scatter_(1, perm, ar[None, :].expand(B, S).contiguous())
+    mult = count.amax(dim=1)
+    i32 = torch.int32
+    return perm.to(i32).contiguous(), pos.to(i32).contiguous(), count.to(i32).contiguous(), mult.to(i32)
+
+
+def _state_warps(block_k: int) -> int:
+    # A serial recursion with a barrier per frame: few warps, about 2 states per thread.
+    return max(1, min(8, block_k // 64))
+
+
+def ctc_loss_forward(
+    log_probs: torch.Tensor,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence CTC loss ``(B,)`` and gradient ``(T, B, C)``; see ``seqloss.reference.ctc``."""
+    T, B, C = log_probs.shape
+    device = log_probs.device
+    fp64 = log_probs.dtype == torch.float64
+    acc = torch.float64 if fp64 else torch.float32
+    targets = targets.to(device=device, dtype=torch.int64)
+    S = targets.shape[1]
+    K = 2 * S + 1
+    il = input_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    empty_grad = log_probs.new_empty(0)
+    if B == 0 or T == 0:
+        # Zero frames: loss 0 for an empty target (as -log 1), else impossible.
+        loss = torch.where(tlen == 0, -0.0, float("inf")).to(acc)
+        grad = log_probs.new_zeros((T, B, C)) if compute_grad else empty_grad
+        return loss, grad
+
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        block_k = max(16, triton.next_power_of_2(K))
+        block_c = min(triton.next_power_of_2(C), 1024)
+        block_r = max(1, min(64, 4096 // block_c))
+        rows = triton.cdiv(T * B, block_r)
+        sx = log_probs.stride()
+        st = targets.stride()
+        loss = torch.empty(B, dtype=acc, device=device)
+        lse = torch.empty((T, B), dtype=acc, device=device) if fused_log_softmax else loss
+        if fused_log_softmax:
+            ctc_normalizer_kernel[(rows,)](
+                log_probs, il, lse, T, B, C, *sx,
+                FP64=fp64, BLOCK_R=block_r, BLOCK_C=block_c,
+            )
+        alpha = torch.empty((T if compute_grad else 2, B, K), dtype=acc, device=device)
+        warps = _state_warps(block_k)
+        ctc_alpha_kernel[(B,)](
+            log_probs, lse, targets, il, tlen, alpha, loss, B, K, *sx, *st, blank,
+            FUSED=fused_log_softmax, STORE_ALL=compute_grad, FP64=fp64, BLOCK_K=block_k,
+            num_warps=warps,
+        )
+        if not compute_grad:
+            return loss, empty_grad
+
+        if fused_log_softmax:
+            grad = torch.empty((T, B, C), dtype=log_probs.dtype, device=device)
+            ctc_softmax_grad_kernel[(rows,)](
+                log_probs, lse, il, loss, grad, T, B, C, *sx, *grad.stride(),
+                FP64=fp64, BLOCK_R=block_r, BLOCK_C=block_c,
+            )
+        else:
+            grad = torch.zeros((T, B, C), dtype=log_probs.dtype, device=device)
+        if S > 0:
+            perm, pos, count, mult = _label_groups(targets, tlen, blank)
+        else:
+            perm = pos = count = torch.zeros((B, 1), dtype=torch.int32, device=device)
+            mult = torch.zeros(B, dtype=torch.int32, device=device)
+        scratch = torch.empty((B, 2, 2, K), dtype=acc, device=device)
+        ctc_beta_kernel[(B,)](
+            log_probs, lse, targets, il, tlen, alpha, loss, scratch, grad,
+            perm, pos, count, mult, B, S, K, *sx, *st, *grad.stride(), blank,
+            FUSED=fused_log_softmax, FP64=fp64, BLOCK_K=block_k, num_warps=warps,
+        )
+    return loss, grad
