@@ -345,3 +345,196 @@ def test_ctc_errors(backend):
         seqloss.ctc_align(x, tg.float(), il, tl, backend=backend)
     with pytest.raises(InputError, match="blank"):
         seqloss.ctc_align(x, tg, il, tl, blank=5, backend=backend)
+
+
+# ------------------------------------------------------------------ RNN-T: brute force
+RNNT_TINY = [(1, 0), (3, 0), (1, 2), (2, 1), (3, 2), (4, 3), (2, 3), (5, 2)]  # (T_b, U_b)
+
+
+def _rnnt_tiny_batch(kind, V=3, seed=0):
+    """The tiny cases in one batch, NaN wherever a sequence must not read."""
+    B = len(RNNT_TINY)
+    T = max(c[0] for c in RNNT_TINY)
+    U = max(c[1] for c in RNNT_TINY)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.full((B, T, U + 1, V), float("nan"), dtype=torch.float64)
+    tg = torch.full((B, U), -1, dtype=torch.long)
+    for b, (Tb, Ub) in enumerate(RNNT_TINY):
+        if kind == "random":
+            v = torch.randn(Tb, Ub + 1, V, generator=g, dtype=torch.float64)
+        elif kind == "zeros":
+            v = torch.zeros(Tb, Ub + 1, V, dtype=torch.float64)
+        else:
+            v = torch.randint(-2, 1, (Tb, Ub + 1, V), generator=g).to(torch.float64)
+        x[b, :Tb, : Ub + 1] = v
+        tg[b, :Ub] = torch.randint(0, V - 1, (Ub,), generator=g)
+    return x, tg, [c[0] for c in RNNT_TINY], [c[1] for c in RNNT_TINY]
+
+
+@pytest.mark.parametrize("kind", ["random", "zeros", "ints"])
+def test_rnnt_brute_force(backend, kind):
+    """Log-probs given directly (fused_log_softmax=False): frames equal, scores bit for bit."""
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_tiny_batch(kind)
+    if kind == "random":
+        x = x.log_softmax(-1)
+    dtype = torch.float64 if kind == "random" else torch.float32
+    frames, scores = seqloss.rnnt_align(x.to(device, dtype), tg.to(device), ll, tl,
+                                        fused_log_softmax=False, backend=backend)
+    assert frames.shape == tg.shape and frames.dtype == torch.int64 and scores.dtype == dtype
+    for b, (Tb, Ub) in enumerate(RNNT_TINY):
+        bl, em = _rnnt_lattice(x[b, :Tb, : Ub + 1], tg[b, :Ub].tolist())
+        score, _, want = brute_rnnt_align(bl, em, Tb, Ub)
+        assert frames[b, :Ub].tolist() == want, (b, frames[b], want)
+        assert (frames[b, Ub:] == -1).all()
+        assert scores[b].item() == score
+
+
+def test_rnnt_brute_force_fused(backend):
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_tiny_batch("random", V=4, seed=1)
+    frames, scores = seqloss.rnnt_align(x.to(device), tg.to(device), ll, tl, backend=backend)
+    lp = x.log_softmax(-1)
+    for b, (Tb, Ub) in enumerate(RNNT_TINY):
+        bl, em = _rnnt_lattice(lp[b, :Tb, : Ub + 1], tg[b, :Ub].tolist())
+        score, _, want = brute_rnnt_align(bl, em, Tb, Ub)
+        assert frames[b, :Ub].tolist() == want
+        assert abs(scores[b].item() - score) <= 1e-12 * max(1.0, abs(score))
+
+
+def test_rnnt_tie_rule_by_hand(backend):
+    """All arcs tie: the blank arc wins every tie walking back, so tokens come as early as possible."""
+    device = device_for(backend)
+    x = torch.zeros(1, 4, 3, 3)
+    frames, scores = seqloss.rnnt_align(x.to(device), [[0, 1]], [4], [2], fused_log_softmax=False,
+                                        backend=backend)
+    assert frames[0].tolist() == [0, 0] and scores.item() == 0.0
+    x[0, 2, 1, 1] = 1.0  # emitting token 2 at frame 2 is now strictly better
+    frames, scores = seqloss.rnnt_align(x.to(device), [[0, 1]], [4], [2], fused_log_softmax=False,
+                                        backend=backend)
+    assert frames[0].tolist() == [0, 2] and scores.item() == 1.0
+
+
+# ------------------------------------------------------------------ RNN-T: consistency
+def _rnnt_batch(B, T, U, V, *, seed=0, dtype=torch.float32, pad_t=0, pad_u=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(B, T + pad_t, U + 1 + pad_u, V, generator=g, dtype=torch.float64) * 2).to(dtype)
+    ll = torch.randint(max(1, T // 2), T + 1, (B,), generator=g)
+    tl = torch.randint(0, U + 1, (B,), generator=g)
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    return x, tg, ll, tl
+
+
+def _path_score(lp, target, frames, Tb):
+    """Score of the lattice path that emits token u at frames[u] (lp: (T, U+1, V), blank V-1)."""
+    V = lp.shape[-1]
+    score, t = 0.0, 0
+    for u, f in enumerate(frames):
+        while t < f:
+            score += lp[t, u, V - 1].item(); t += 1
+        score += lp[t, u, target[u]].item()
+    u = len(frames)
+    while t < Tb:
+        score += lp[t, u, V - 1].item(); t += 1
+    return score
+
+
+def test_rnnt_consistency(backend):
+    """Frames are monotone and inside the sequence, the score is the path's, batch == per sequence."""
+    device = device_for(backend)
+    B, T, U, V = (3, 6, 4, 5) if backend == "triton" else (5, 12, 6, 7)
+    x, tg, ll, tl = _rnnt_batch(B, T, U, V, seed=2, dtype=torch.float64, pad_t=2, pad_u=1)
+    tl[0] = 0
+    frames, scores = seqloss.rnnt_align(x.to(device), tg.to(device), ll.int(), tl.tolist(), backend=backend)
+    lp = x.log_softmax(-1)
+    for b in range(B):
+        Tb, Ub = int(ll[b]), int(tl[b])
+        f = frames[b, :Ub].tolist()
+        assert f == sorted(f) and all(0 <= v < Tb for v in f) and (frames[b, Ub:] == -1).all()
+        want = _path_score(lp[b], tg[b].tolist(), f, Tb)
+        assert abs(scores[b].item() - want) <= 1e-10 * max(1.0, abs(want))
+        f1, s1 = seqloss.rnnt_align(x[b : b + 1, :Tb, : Ub + 1].to(device), tg[b : b + 1, :Ub].to(device),
+                                    [Tb], [Ub], backend=backend)
+        assert torch.equal(f1[0], frames[b, :Ub]) and torch.equal(s1[0], scores[b])
+
+
+def test_rnnt_backends_agree_bitwise(backend):
+    x, tg, ll, tl = _rnnt_batch(4, 8, 5, 6, seed=3)
+    x = (x * 2).round() / 2  # half-integers: exact sums, many ties
+    want = seqloss.rnnt_align(x, tg, ll, tl, fused_log_softmax=False, backend="reference")
+    device = device_for(backend)
+    got = seqloss.rnnt_align(x.to(device), tg.to(device), ll, tl, fused_log_softmax=False, backend=backend)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=["fp16", "bf16", "fp64"])
+def test_rnnt_dtypes_and_layout(backend, dtype):
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_batch(3, 6, 3, 5, seed=4, dtype=torch.float64)
+    xt = x.to(dtype).transpose(1, 2).contiguous().transpose(1, 2)  # (B, T, U+1, V), not contiguous
+    assert not xt.is_contiguous()
+    frames, scores = seqloss.rnnt_align(xt.to(device).requires_grad_(), tg, ll, tl, backend=backend)
+    want_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert scores.dtype == want_dtype and not scores.requires_grad
+    wf, ws = seqloss.rnnt_align(xt.to(want_dtype).contiguous(), tg, ll, tl, backend="reference")
+    assert torch.equal(frames.cpu(), wf) and torch.equal(scores.cpu(), ws)
+
+
+def test_rnnt_blank_index(backend):
+    """blank=0 on classes rotated by one gives the same alignment as blank=-1."""
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_batch(3, 6, 3, 5, seed=5, dtype=torch.float64)
+    a = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
+    b = seqloss.rnnt_align(x.roll(1, dims=-1).to(device), tg + 1, ll, tl, blank=0, backend=backend)
+    assert torch.equal(a[0], b[0])
+    assert ((a[1] - b[1]).abs() <= 1e-12 * a[1].abs()).all()  # the log-softmax sums in another order
+
+
+def test_rnnt_nonfinite_and_padding(backend):
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_batch(3, 6, 3, 5, seed=6, pad_t=1, pad_u=1)
+    ll[:] = torch.tensor([6, 4, 5]); tl[:] = torch.tensor([3, 2, 1])
+    clean = seqloss.rnnt_align(x, tg, ll, tl, backend="reference")
+    x[1, 2, 1, 0] = float("nan")  # read by sequence 1 (any class counts)
+    x[2, 5:] = float("nan")  # frames past sequence 2's length
+    x[2, :, 2:] = INF  # rows past its target length
+    tg[2, 1:] = -7  # target padding: never read, never validated
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
+    assert torch.isnan(scores[1]) and (frames[1] == -1).all()
+    for b in (0, 2):
+        assert torch.equal(frames[b].cpu(), clean[0][b]) and torch.equal(scores[b].cpu(), clean[1][b])
+    x[1, 2, 1, 0] = 0.0
+    x[1, 3, 0, 4] = INF
+    _, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
+    assert torch.isnan(scores[1])
+    # A log-prob of -inf masks a class; a path avoiding it stays finite.
+    x[1, 3, 0, 4] = -INF
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False, backend=backend)
+    assert torch.isfinite(scores).all()
+
+
+def test_rnnt_zero_probability_empty_target_and_errors(backend):
+    device = device_for(backend)
+    x, tg, ll, tl = _rnnt_batch(3, 5, 2, 4, seed=7)
+    ll[:] = torch.tensor([5, 3, 4]); tl[:] = torch.tensor([2, 0, 2])
+    x[0, :, :, 3] = -INF  # blank is never possible for sequence 0
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False, backend=backend)
+    assert scores[0].item() == -INF and (frames[0] == -1).all()
+    assert (frames[1] == -1).all()
+    assert abs(scores[1].item() - x[1, :3, 0, 3].double().sum().item()) <= 1e-6
+    ll[2] = 0
+    with pytest.raises(InputError, match=r"logit_lengths\[2\] = 0"):
+        seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend, validate=False)
+    assert scores[2].item() == -INF and (frames[2] == -1).all()
+    ll[2] = 4
+    with pytest.raises(InputError, match=r"targets\[0, 1\] = 3 equals blank"):
+        seqloss.rnnt_align(x.to(device), torch.tensor([[0, 3], [1, 1], [2, 2]]), ll, tl, backend=backend)
+    with pytest.raises(InputError, match=r"target_lengths\[1\] = 3"):
+        seqloss.rnnt_align(x.to(device), tg, ll, [2, 3, 1], backend=backend)
+    with pytest.raises(InputError, match=r"logit_lengths\[0\] = 6"):
+        seqloss.rnnt_align(x.to(device), tg, [6, 3, 4], tl, backend=backend)
+    with pytest.raises(InputError, match="logits must be"):
+        seqloss.rnnt_align(x[0].to(device), tg, ll, tl, backend=backend)
+    with pytest.raises(InputError, match="blank"):
+        seqloss.rnnt_align(x.to(device), tg, ll, tl, blank=4, backend=backend)

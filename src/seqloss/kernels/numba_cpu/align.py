@@ -145,7 +145,8 @@ def ctc_align_forward(
     scores = torch.zeros((B, T), dtype=acc)
     if T == 0 or B == 0:
         return labels, scores
-    lp = log_probs if log_probs.dtype == acc else log_probs.to(acc)  # any strides: Numba reads views
+    # One contiguous layout per dtype: each layout would be another Numba compilation.
+    lp = log_probs.to(acc).contiguous()
     ctc_align_kernel(
         _np(lp), _np(targets.contiguous()), _np(input_lengths.cpu()), _np(target_lengths.cpu()),
         blank, _np(labels), _np(scores),
@@ -168,7 +169,7 @@ def rnnt_align_forward(
     if emit_lp.shape[2] == 0:  # Numba cannot view a zero-size strided axis reliably
         emit_lp = emit_lp.new_zeros((B, T, 1))
     rnnt_align_kernel(
-        _np(blank_lp), _np(emit_lp), _np(logit_lengths.cpu()), _np(target_lengths.cpu()),
+        _np(blank_lp.contiguous()), _np(emit_lp.contiguous()), _np(logit_lengths.cpu()), _np(target_lengths.cpu()),
         _np(frames), _np(scores),
     )
     return frames, scores
