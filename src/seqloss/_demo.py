@@ -82,7 +82,7 @@ def train_ctc(steps: int, seed: int, backend: str, console: Console) -> tuple[D.
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
     return model, losses
 
@@ -104,7 +104,7 @@ def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss) / float(b.target_lengths.float().mean()))
+            losses.append(float(loss.detach()) / float(b.target_lengths.float().mean()))
             prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
     return model, losses
 
@@ -288,6 +288,14 @@ def run_demo(steps: int = 300, out: str = "seqloss-demo", seed: int = 0, backend
              console: Console | None = None) -> int:
     console = console or Console()
     t_start = time.perf_counter()
+    # Tiny batches: thread pools cost more than they give (and spin on a busy machine).
+    torch.set_num_threads(1)
+    try:
+        import numba
+
+        numba.set_num_threads(1)
+    except ImportError:
+        pass
     from ._dispatch import resolve_backend
 
     name = resolve_backend(backend, torch.device("cpu"))

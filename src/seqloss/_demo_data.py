@@ -47,7 +47,7 @@ def make_batch(
     *,
     min_labels: int = 2,
     max_labels: int = 6,
-    noise: float = 0.6,
+    noise: float = 0.4,
 ) -> Batch:
     """A batch of the synthetic task, deterministic given ``generator``'s state."""
 

@@ -1,0 +1,144 @@
+"""seqloss.diagnose: feasibility counts, non-finite locations, gradients, reports."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+import pytest
+import seqloss
+from seqloss.diagnose import Diagnosis
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _lp(T, B, C, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, B, C, generator=g, dtype=torch.float64).log_softmax(-1)
+
+
+def test_ctc_feasibility_counts_repeats():
+    targets = torch.tensor([[1, 1, 2, 0], [1, 2, 3, 0], [2, 2, 2, 2], [3, 0, 0, 0], [0, 0, 0, 0]])
+    tl = [3, 3, 4, 1, 0]
+    il = [4, 3, 6, 0, 0]
+    r = seqloss.diagnose("ctc", _lp(8, 5, 5), targets, il, tl)
+    needed = [s.frames_needed for s in r.sequences]
+    assert needed == [4, 3, 7, 1, 0]
+    assert [s.repeats for s in r.sequences] == [1, 0, 3, 0, 0]
+    assert [s.feasible for s in r.sequences] == [True, True, False, False, True]
+    assert r.infeasible == [2, 3]
+    s2 = r.sequences[2]
+    assert s2.loss == INF and s2.grad_max == 0.0 and s2.status == "infeasible"
+    assert "needs 7 frames (4 labels + 3 repeats), has 6" in s2.verdict
+    # Zero frames and an empty target is feasible with loss 0.
+    assert r.sequences[4].loss == 0.0 and r.sequences[4].status == "ok"
+    assert not r.ok
+
+
+def test_ctc_zero_infinity_still_reports_infeasible():
+    r = seqloss.diagnose("ctc", _lp(3, 1, 4), [[1, 1]], [2], [2], zero_infinity=True)
+    s = r.sequences[0]
+    assert s.loss == 0.0 and not s.feasible and "zero_infinity" in s.verdict
+
+
+def test_ctc_nonfinite_location():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(10, 3, 6, generator=g, dtype=torch.float64)
+    logits[2, 0, 5] = -INF  # a masked class is valid
+    x = logits.log_softmax(-1)
+    x[3, 1, 2] = NAN
+    x[7, 1, 4] = INF
+    x[5, 2, 1] = INF
+    x[9, 0, 3] = NAN  # padding of sequence 0 (length 8): never read, not reported
+    targets = torch.tensor([[1, 2], [3, 4], [1, 1]])
+    r = seqloss.diagnose("ctc", x, targets, [8, 10, 10], [2, 2, 2])
+    s0, s1, s2 = r.sequences
+    assert s0.nonfinite is None and s0.status == "ok" and math.isfinite(s0.loss)
+    assert s1.nonfinite is not None
+    assert (s1.nonfinite.value, s1.nonfinite.frame, s1.nonfinite.cls) == ("nan", 3, 2)
+    assert s1.nonfinite.count == 2
+    assert "NaN at frame 3, class 2" in s1.verdict and s1.status == "nonfinite"
+    assert (s2.nonfinite.value, s2.nonfinite.frame, s2.nonfinite.cls) == ("+inf", 5, 1)
+    assert math.isnan(s1.loss) and math.isnan(s1.grad_max)
+    assert r.nonfinite == [1, 2]
+
+
+def test_ctc_grad_max_and_min_log_prob():
+    x = _lp(6, 2, 5, seed=3)
+    targets = torch.tensor([[1, 2], [3, 3]])
+    r = seqloss.diagnose("ctc", x, targets, [6, 5], [2, 2], backend="reference")
+    xg = x.clone().requires_grad_()
+    loss = seqloss.ctc_loss(xg, targets, [6, 5], [2, 2], reduction="none", backend="reference")
+    (g,) = torch.autograd.grad(loss.sum(), xg)
+    loss = loss.detach()
+    for b, s in enumerate(r.sequences):
+        assert s.loss == pytest.approx(float(loss[b]))
+        assert s.grad_max == pytest.approx(float(g[:, b].abs().max()))
+    assert r.sequences[1].min_log_prob == pytest.approx(float(x[:5, 1].min()))
+    assert r.ok and r.summary() == "all 2 sequences ok"
+
+
+def test_ctc_unnormalized_warning_and_fused():
+    logits = torch.randn(6, 1, 5, dtype=torch.float64) * 3
+    r = seqloss.diagnose("ctc", logits, [[1, 2]], [6], [2])
+    assert r.sequences[0].status == "warning" and "not normalized" in r.sequences[0].verdict
+    assert r.ok  # a warning is not a failure
+    r = seqloss.diagnose("ctc", logits, [[1, 2]], [6], [2], fused_log_softmax=True)
+    assert r.sequences[0].status == "ok"
+
+
+def test_unbatched_and_positional_reduction():
+    x = _lp(5, 1, 4)[:, 0]
+    r = seqloss.diagnose("ctc", x, torch.tensor([1, 2]), 5, 2, 0, "sum")
+    assert len(r.sequences) == 1 and r.sequences[0].frames_needed == 2
+
+
+def test_validation_errors_propagate():
+    with pytest.raises(seqloss.InputError, match="targets"):
+        seqloss.diagnose("ctc", _lp(5, 1, 4), [[7]], [5], [1])
+    with pytest.raises(TypeError):
+        seqloss.diagnose("ctc", _lp(5, 1, 4), torch.tensor([[1.0]]), [5], [1])
+    with pytest.raises(seqloss.InputError, match="kind"):
+        seqloss.diagnose("warp", _lp(5, 1, 4), [[1]], [5], [1])
+
+
+def test_report_str_and_json():
+    x = _lp(4, 2, 4)
+    x[1, 0, 1] = NAN
+    r = seqloss.diagnose("ctc", x, [[1, 2], [2, 2]], [4, 2], [2, 2])
+    assert isinstance(r, Diagnosis)
+    d = r.to_dict()
+    text = json.dumps(d, allow_nan=False)  # strict JSON: non-finite floats are strings
+    back = json.loads(text)
+    assert back["ok"] is False
+    assert back["sequences"][0]["nonfinite"] == {"value": "nan", "frame": 1, "class": 1, "count": 1}
+    assert back["sequences"][0]["loss"] == "nan"
+    assert back["sequences"][1]["loss"] == "inf"
+    s = str(r)
+    assert "verdict" in s and "NaN at frame 1, class 1" in s and "infeasible" in s
+    assert len(s.splitlines()) == 5  # header, columns, 2 sequences, summary
+    assert s.splitlines()[-1].startswith("2 sequences:")
+
+
+needs_rnnt = pytest.mark.skipif(not hasattr(seqloss, "rnnt_loss"), reason="seqloss.rnnt_loss not built")
+
+
+@needs_rnnt
+def test_rnnt_feasibility_and_nonfinite():
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 3, 4, 2, 5
+    logits = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    logits[1, 2, 1, 3] = NAN
+    logits[2, 3, 2, 0] = NAN  # past sequence 2's length: not read
+    targets = torch.tensor([[1, 2], [0, 1], [2, 2]], dtype=torch.int32)
+    r = seqloss.diagnose("rnnt", logits, targets, [4, 4, 0], [2, 2, 2])
+    s0, s1, s2 = r.sequences
+    assert s0.status == "ok" and s0.frames_needed == 1 and math.isfinite(s0.loss)
+    assert s0.grad_max > 0
+    assert (s1.nonfinite.frame, s1.nonfinite.u, s1.nonfinite.cls) == (2, 1, 3)
+    assert "u 1" in s1.verdict
+    assert s2.status == "infeasible" and s2.loss == INF and s2.grad_max == 0.0
+    assert r.blank == V - 1
+    json.dumps(r.to_dict(), allow_nan=False)
