@@ -64,7 +64,7 @@ Z_MIN = 2.0**-1000
 # _exp returns 0 below this (exp(-708) ~ 3.3e-308 is still a normal number).
 EXP_MIN = -708.0
 
-FAST, FALLBACK, INFEASIBLE = 0, 1, 2
+FAST, FALLBACK, INFEASIBLE, EXTENDED = 0, 1, 2, 3
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238
@@ -445,8 +445,207 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     return FAST
 
 
+# --------------------------------------------------------------------------- extended range
+# A value is a float64 mantissa in [1, 2) (or 0) times 2**k with an int64 k: the
+# range never ends, so nothing underflows, and every operation keeps float64's
+# relative precision. Terms more than 2**1022 below the largest term of a sum
+# are dropped, which is below the sum's own rounding. Zero has exponent KNEG
+# (three KNEGs still add up without int64 overflow).
+KNEG = -(1 << 60)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _pow2(d):
+    """``2.0**d`` for int64 ``d <= 0``; 0 below ``-1022``."""
+    dd = max(d, -1023)
+    return np.int64((dd + 1023) << 52).view(np.float64)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _renorm(v, k):
+    """``v * 2**k`` (``v >= 0`` normal or 0) as (mantissa in [1, 2), exponent) or (0, KNEG)."""
+    bits = np.float64(v).view(np.int64)
+    ex = ((bits >> 52) & 0x7FF) - 1023
+    mm = np.int64((bits & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000).view(np.float64)
+    pos = v > 0.0
+    return (mm if pos else 0.0), (k + ex if pos else KNEG)
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss):
+    """CTC of one sequence in extended-range probability arithmetic (``T_b >= 1``).
+
+    Exact for any finite input (log-probabilities of any magnitude, ``-inf``
+    included). Returns ``FAST`` (``out_loss[b]`` and rows ``t < T_b`` written),
+    ``INFEASIBLE`` (likelihood exactly 0: ``+inf``, zero rows) or ``FALLBACK``
+    (a non-finite input: nothing usable written).
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    no = max(Lb, 1)
+    Em = np.empty((Tb, nl))
+    Ek = np.empty((Tb, nl), np.int64)
+    ex = np.empty(C if fused else 0)
+    for t in range(Tb):
+        xr = _row(x, tb_layout, t, b)
+        lse = 0.0
+        if fused:
+            m = _max(xr)
+            if not (m > NEG_INF and m < INF):
+                return FALLBACK
+            for c in range(C):
+                ex[c] = _exp(xr[c] - m)
+            s = _sum(ex, C)
+            lse = m + math.log(s)
+            if compute_grad:
+                inv = 1.0 / s
+                g = _row(grad, tb_layout, t, b)
+                for c in range(C):
+                    g[c] = ex[c] * inv
+        for j in range(nl):
+            lp = xr[lab[j]] - lse
+            if lp == NEG_INF:
+                Em[t, j] = 0.0
+                Ek[t, j] = KNEG
+            elif lp != lp or lp == INF:
+                return FALLBACK
+            else:
+                n = math.floor(lp * _LOG2E + 0.5)
+                r = (lp - n * _LN2_HI) - n * _LN2_LO
+                Em[t, j] = _exp(r)
+                Ek[t, j] = np.int64(n)
+    sk = np.zeros(nl, np.bool_)
+    for i in range(1, Lb):
+        sk[i] = lab[i + 1] != lab[i]
+
+    AEm = np.zeros((Tb, nl))
+    AEk = np.full((Tb, nl), KNEG, np.int64)
+    AOm = np.zeros((Tb, no))
+    AOk = np.full((Tb, no), KNEG, np.int64)
+    if K - 2 * Tb <= 0:
+        AEm[0, 0], AEk[0, 0] = _renorm(Em[0, 0], Ek[0, 0])
+    if K > 1:
+        AOm[0, 0], AOk[0, 0] = _renorm(Em[0, 1], Ek[0, 1])
+    for t in range(1, Tb):
+        lo = max(0, K - 2 * (Tb - t))
+        hi = min(K - 1, 2 * t + 1)
+        pm_e, pk_e, pm_o, pk_o = AEm[t - 1], AEk[t - 1], AOm[t - 1], AOk[t - 1]
+        nm_e, nk_e, nm_o, nk_o = AEm[t], AEk[t], AOm[t], AOk[t]
+        em0 = Em[t, 0]
+        ek0 = Ek[t, 0]
+        for i in range((lo + 1) // 2, hi // 2 + 1):
+            k1 = pk_e[i]
+            k2 = pk_o[i - 1] if i >= 1 else KNEG
+            m2 = pm_o[i - 1] if i >= 1 else 0.0
+            kk = max(k1, k2)
+            w = pm_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+            nm_e[i], nk_e[i] = _renorm(w * em0, kk + ek0)
+        for i in range(lo // 2, (hi - 1) // 2 + 1):
+            k1 = pk_o[i]
+            k2 = pk_e[i]
+            k3 = pk_o[i - 1] if (i >= 1 and sk[i]) else KNEG
+            m3 = pm_o[i - 1] if (i >= 1 and sk[i]) else 0.0
+            kk = max(k1, max(k2, k3))
+            w = pm_o[i] * _pow2(k1 - kk) + pm_e[i] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
+            nm_o[i], nk_o[i] = _renorm(w * Em[t, i + 1], kk + Ek[t, i + 1])
+    k1 = AEk[Tb - 1, Lb]
+    k2 = AOk[Tb - 1, Lb - 1] if Lb >= 1 else KNEG
+    m2 = AOm[Tb - 1, Lb - 1] if Lb >= 1 else 0.0
+    kk = max(k1, k2)
+    pf = AEm[Tb - 1, Lb] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+    if not pf > 0.0:
+        out_loss[b] = INF
+        if compute_grad:
+            _zero_rows(grad, tb_layout, b, 0, Tb)
+        return INFEASIBLE
+    out_loss[b] = -(math.log(pf) + kk * math.log(2.0))
+    if not compute_grad:
+        return FAST
+
+    bm_e = np.zeros(nl)
+    bk_e = np.full(nl, KNEG, np.int64)
+    bm_o = np.zeros(no)
+    bk_o = np.full(no, KNEG, np.int64)
+    cm_e = np.zeros(nl)
+    ck_e = np.full(nl, KNEG, np.int64)
+    cm_o = np.zeros(no)
+    ck_o = np.full(no, KNEG, np.int64)
+    im_e = np.zeros(nl + 1)
+    ik_e = np.full(nl + 1, KNEG, np.int64)
+    im_o = np.zeros(no + 1)
+    ik_o = np.full(no + 1, KNEG, np.int64)
+    gk_e = np.empty(nl, np.int64)
+    gk_o = np.empty(no, np.int64)
+    bm_e[Lb], bk_e[Lb] = 1.0, 0
+    if Lb >= 1:
+        bm_o[Lb - 1], bk_o[Lb - 1] = 1.0, 0
+    for t in range(Tb - 1, -1, -1):
+        lo = max(0, K - 2 * (Tb - t))
+        hi = min(K - 1, 2 * t + 1)
+        ie0, ie1 = (lo + 1) // 2, hi // 2
+        io0, io1 = lo // 2, (hi - 1) // 2
+        am_e, ak_e, am_o, ak_o = AEm[t], AEk[t], AOm[t], AOk[t]
+        kmax = KNEG
+        for i in range(ie0, ie1 + 1):
+            gk_e[i] = ak_e[i] + bk_e[i]
+            kmax = max(kmax, gk_e[i])
+        for i in range(io0, io1 + 1):
+            gk_o[i] = ak_o[i] + bk_o[i]
+            kmax = max(kmax, gk_o[i])
+        ze = 0.0
+        for i in range(ie0, ie1 + 1):
+            ze += am_e[i] * bm_e[i] * _pow2(gk_e[i] - kmax)
+        zo = 0.0
+        for i in range(io0, io1 + 1):
+            zo += am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax)
+        Z = ze + zo
+        if not Z > 0.0:
+            return FALLBACK
+        invZ = 1.0 / Z
+        g = _row(grad, tb_layout, t, b)
+        if not fused:
+            g[:] = 0.0
+        g[lab[0]] -= ze * invZ
+        for i in range(io0, io1 + 1):
+            g[lab[i + 1]] -= am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax) * invZ
+        if t == 0:
+            break
+        em0 = Em[t, 0]
+        ek0 = Ek[t, 0]
+        for i in range(ie0, ie1 + 1):
+            im_e[i] = bm_e[i] * em0
+            ik_e[i] = bk_e[i] + ek0
+        for i in range(io0, io1 + 1):
+            im_o[i] = bm_o[i] * Em[t, i + 1]
+            ik_o[i] = bk_o[i] + Ek[t, i + 1]
+        lo = max(0, K - 2 * (Tb - t + 1))
+        hi = min(K - 1, 2 * t - 1)
+        for i in range((lo + 1) // 2, hi // 2 + 1):
+            k1 = ik_e[i]
+            k2 = ik_o[i] if i < Lb else KNEG
+            m2 = im_o[i] if i < Lb else 0.0
+            kk = max(k1, k2)
+            w = im_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+            cm_e[i], ck_e[i] = _renorm(w, kk)
+        for i in range(lo // 2, (hi - 1) // 2 + 1):
+            k1 = ik_o[i]
+            k2 = ik_e[i + 1]
+            ok3 = i + 1 < Lb and sk[i + 1]
+            k3 = ik_o[i + 1] if ok3 else KNEG
+            m3 = im_o[i + 1] if ok3 else 0.0
+            kk = max(k1, max(k2, k3))
+            w = im_o[i] * _pow2(k1 - kk) + im_e[i + 1] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
+            cm_o[i], ck_o[i] = _renorm(w, kk)
+        bm_e, cm_e = cm_e, bm_e
+        bk_e, ck_e = ck_e, bk_e
+        bm_o, cm_o = cm_o, bm_o
+        bk_o, ck_o = ck_o, bk_o
+    return FAST
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
-def _ctc_kernel(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status):
+def _ctc_kernel(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode):
     """CTC loss (and gradient) of every sequence; one sequence per ``prange`` iteration.
 
     Updates: ``loss (B,)`` float64, ``status (B,)`` (FAST / FALLBACK / INFEASIBLE)
@@ -472,7 +671,12 @@ def _ctc_kernel(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad,
             if compute_grad:
                 _zero_rows(grad, tb_layout, b, 0, Tb)
             continue
-        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        st = FALLBACK
+        if mode == 0:
+            st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        if st == FALLBACK and mode <= 1:
+            st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+            st = EXTENDED if st == FAST else st
         if st == FALLBACK:
             loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad)
         status[b] = st
@@ -504,11 +708,13 @@ def ctc_loss_forward(
     compute_grad: bool,
     *,
     _status: list | None = None,
+    _path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence CTC loss and gradient; see ``seqloss.reference.ctc.ctc_loss_forward``.
 
-    ``_status`` (testing hook): a list that receives the per-sequence path taken,
-    ``"fast"``, ``"fallback"`` or ``"infeasible"``.
+    Testing hooks: ``_status``, a list that receives the per-sequence path taken
+    (``"fast"``, ``"extended"``, ``"logspace"`` or ``"infeasible"``); ``_path``
+    (``"auto"``, ``"extended"``, ``"logspace"``) skips the faster paths.
     """
     T, B, C = log_probs.shape
     in_dtype = log_probs.dtype
@@ -534,9 +740,10 @@ def ctc_loss_forward(
     status = np.empty(B, dtype=np.int64)
     if B > 0:
         _ctc_kernel(xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
-                    bool(compute_grad), gview, loss, status)
+                    bool(compute_grad), gview, loss, status,
+                    {"auto": 0, "extended": 1, "logspace": 2}[_path])
     if _status is not None:
-        names = {FAST: "fast", FALLBACK: "fallback", INFEASIBLE: "infeasible"}
+        names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended"}
         _status.extend(names[int(s)] for s in status)
     loss_t = torch.from_numpy(loss).to(out_dtype)
     if grad is None:

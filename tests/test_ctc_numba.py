@@ -1,0 +1,139 @@
+"""Numba CTC kernel specifics: which path runs (fast / extended / log space) and that each is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("numba")
+from seqloss.kernels.numba_cpu import ctc as nk  # noqa: E402
+from seqloss.reference import ctc as rk  # noqa: E402
+from seqloss.testing import assert_close_budget  # noqa: E402
+
+
+def _inputs(T, B, C, S, *, seed=0, scale=2.0, min_frac=0.6):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, C, generator=g, dtype=torch.float64) * scale
+    il = torch.randint(max(1, int(T * min_frac)), T + 1, (B,), generator=g)
+    tl = torch.minimum(torch.randint(0, S + 1, (B,), generator=g), il // 2)
+    tg = torch.randint(1, C, (B, S), generator=g)
+    return x, tg, il, tl
+
+
+def _check(x, tg, il, tl, fused, *, path="auto", rtol=1e-10, gatol=1e-10):
+    status: list[str] = []
+    loss, grad = nk.ctc_loss_forward(x, tg, il, tl, 0, fused, True, _status=status, _path=path)
+    want, want_g = rk.ctc_loss_forward(x, tg, il, tl, 0, fused, True)
+    assert_close_budget(loss, want, rtol=rtol, what="loss")
+    assert_close_budget(grad, want_g, rtol=0.0, atol=gatol, what="grad")
+    return status
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+@pytest.mark.parametrize("path", ["extended", "logspace"])
+def test_forced_paths_exact(path, fused):
+    x, tg, il, tl = _inputs(30, 5, 7, 8, seed=1)
+    lp = x if fused else x.log_softmax(-1)
+    status = _check(lp, tg, il, tl, fused, path=path)
+    assert set(status) <= {path, "infeasible"} and path in status
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+def test_underflow_leaves_fast_path_and_stays_exact(fused):
+    # Log-probabilities spread over hundreds of nats: the scaled probability
+    # domain would lose states below float64's range, so the kernel must switch.
+    x, tg, il, tl = _inputs(40, 4, 6, 6, seed=2, scale=150.0)
+    lp = x if fused else x.log_softmax(-1)
+    status = _check(lp, tg, il, tl, fused, rtol=1e-12, gatol=1e-9)
+    assert "extended" in status
+
+
+def test_peaked_logits_1e4():
+    x, tg, il, tl = _inputs(20, 3, 6, 5, seed=4)
+    lp = (torch.sign(x) * 1e4).log_softmax(-1)
+    status = _check(lp, tg, il, tl, False, rtol=1e-12, gatol=1e-9)
+    assert "fast" not in status
+    loss, grad = nk.ctc_loss_forward(lp.float(), tg, il, tl, 0, False, True)
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+
+
+def test_batch_mixing_fast_and_fallback():
+    x, tg, il, tl = _inputs(50, 6, 8, 10, seed=5, scale=1.0)
+    tl[2] = 10
+    x[:, 2] *= 3000.0  # only sequence 2 leaves the fast path
+    x[:, 4] = float("nan")  # sequence 4 reads NaN: log space, no leak into the others
+    lp = x.log_softmax(-1)
+    status: list[str] = []
+    loss, grad = nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True, _status=status)
+    want, want_g = rk.ctc_loss_forward(lp, tg, il, tl, 0, False, True)
+    ok = [0, 1, 2, 3, 5]
+    assert status[2] == "extended" and status[4] == "logspace"
+    assert all(status[b] == "fast" for b in (0, 1, 3, 5) if status[b] != "infeasible")
+    assert_close_budget(loss[ok], want[ok], rtol=1e-12, what="loss")
+    assert_close_budget(grad[:, ok], want_g[:, ok], rtol=0.0, atol=1e-10, what="grad")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+def test_long_sequences(fused):
+    T = 2000
+    x, tg, il, tl = _inputs(T, 2, 12, 300, seed=6, scale=1.0, min_frac=0.9)
+    tl[:] = torch.tensor([300, 150])
+    lp = x if fused else x.log_softmax(-1)
+    status = _check(lp, tg, il, tl, fused, rtol=1e-12, gatol=1e-10)
+    assert "logspace" not in status
+    loss, grad = nk.ctc_loss_forward(lp.float(), tg, il, tl, 0, fused, True)
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+
+
+def test_lengths_vary_widely():
+    T, B = 120, 8
+    x, tg, _, _ = _inputs(T, B, 9, 50, seed=7, scale=1.5)
+    il = torch.tensor([1, 2, 5, 17, 60, 119, 120, 0])
+    tl = torch.tensor([0, 1, 2, 8, 29, 50, 0, 0])
+    lp = x.log_softmax(-1)
+    lp[120 - 1, 0] = float("nan")  # padding of sequence 0: never read
+    status = _check(lp, tg, il, tl, False)
+    assert status[7] == "infeasible"
+
+
+def test_masked_label_is_exactly_infeasible():
+    x, tg, il, tl = _inputs(12, 2, 5, 3, seed=8)
+    tg[:] = torch.tensor([1, 2, 3])
+    tl[:] = 3
+    lp = x.log_softmax(-1)
+    lp[:, 0, 2] = float("-inf")
+    lp[:, 1, 4] = float("-inf")  # not a target of sequence 1: stays feasible and fast
+    status: list[str] = []
+    loss, grad = nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True, _status=status)
+    assert status == ["infeasible", "fast"]
+    assert loss[0].item() == float("inf") and torch.count_nonzero(grad[:, 0]) == 0
+    want, _ = rk.ctc_loss_forward(lp, tg, il, tl, 0, False, True)
+    assert_close_budget(loss, want, rtol=1e-12, what="loss")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_noncontiguous_layouts(dtype):
+    x, tg, il, tl = _inputs(25, 4, 6, 6, seed=9)
+    lp = x.log_softmax(-1).to(dtype)
+    btc = lp.transpose(0, 1).contiguous().transpose(0, 1)  # (B, T, C) storage
+    big = torch.zeros(lp.shape[0], lp.shape[1], 2 * lp.shape[2], dtype=dtype)
+    big[:, :, ::2] = lp
+    strided = big[:, :, ::2]  # neither layout: copied
+    ref_l, ref_g = nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True)
+    for v in (btc, strided):
+        loss, grad = nk.ctc_loss_forward(v, tg, il, tl, 0, False, True)
+        assert grad.dtype == dtype and grad.shape == lp.shape
+        assert torch.equal(loss, ref_l) and torch.equal(grad, ref_g)
+
+
+def test_threads_follow_torch():
+    import numba
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        x, tg, il, tl = _inputs(10, 3, 5, 3, seed=10)
+        nk.ctc_loss_forward(x.log_softmax(-1), tg, il, tl, 0, False, False)
+        assert numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(old)
