@@ -34,23 +34,11 @@ __all__ = ["ctc_loss_forward"]
 
 NEG_INF = float("-inf")
 
-
-@triton.jit
-def _logaddexp3(a, b, c):
-    """Guarded ``log(exp(a) + exp(b) + exp(c))``: all ``-inf`` gives ``-inf``, never NaN."""
-    m = tl.maximum(tl.maximum(a, b), c)
-    none = m == float("-inf")
-    shift = tl.where(none, 0.0, m)
-    total = tl.exp(a - shift) + tl.exp(b - shift) + tl.exp(c - shift)
-    # log(0) is never evaluated (the interpreter would warn even where discarded).
-    return tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, total)) + shift)
-
-
-@triton.jit
-def _frame_shift(x):
-    """The frame's maximum, 0 when every state is ``-inf`` (nothing to rescale)."""
-    m = tl.max(x, axis=0)
-    return tl.where(m == float("-inf"), 0.0, m)
+# ``tl.max(x, 0)`` and ``tl.sum(x, 0)`` of float32/float64 compile to these reductions.
+# Spelled out, because the interpreter re-patches ``triton.language`` on every
+# device-function call (``tl.max`` is one), which costs milliseconds per frame.
+_MAX = tl.standard._elementwise_max
+_ADD = tl.standard._sum_combine
 
 
 @triton.jit
@@ -82,24 +70,14 @@ def ctc_normalizer_kernel(
         o_c = c0 + tl.arange(0, BLOCK_C)
         m_x = m_row[:, None] & (o_c < C)[None, :]
         b_x = tl.load(p_row[:, None] + o_c[None, :] * stride_xc, mask=m_x, other=float("-inf")).to(ACC)
-        b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
+        b_new = tl.maximum(b_m, tl.reduce(b_x, 1, _MAX))
         shift = tl.where(b_new == float("-inf"), 0.0, b_new)
-        b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
+        b_s = b_s * tl.exp(b_m - shift) + tl.reduce(tl.exp(b_x - shift[:, None]), 1, _ADD)
         b_m = b_new
     none = b_m == float("-inf")
     # An all -inf row gives -inf here and NaN log-probs downstream, as torch's log_softmax.
     b_lse = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)) + b_m)
     tl.store(lse_ptr + i_r, b_lse, mask=m_row)
-
-
-@triton.jit
-def _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_e, FUSED: tl.constexpr, ACC: tl.constexpr):
-    """Log-probabilities of the extended labels at frame ``t`` (``-inf`` off ``m_e``)."""
-    b_e = tl.load(p_x + t * stride_xt, mask=m_e, other=float("-inf")).to(ACC)
-    if FUSED:
-        b_e = b_e - tl.load(lse_ptr + t * B + i_b)
-        b_e = tl.where(m_e, b_e, float("-inf"))
-    return b_e
 
 
 @triton.jit
@@ -118,6 +96,10 @@ def ctc_alpha_kernel(
         alpha[t, s] = e[t, s] + logaddexp(alpha[t-1, s], alpha[t-1, s-1],
                                           alpha[t-1, s-2] if l'_s != blank, l'_s != l'_{s-2})
 
+    rescaled at every frame so that its maximum is 0; the shifts are summed in
+    float64 into ``log p``. Unscaled, ``alpha`` reaches ``-T |log p_t|`` and its
+    float32 ulp grows with it; rescaled, the stored values stay ``O(|log p_t|)``.
+
     The shifted states ``s-1``, ``s-2`` live in other lanes (other threads): they are
     read back from the row stored for frame ``t-1``. Race-freedom on a GPU: the row
     ``(t, b)`` of ``alpha`` is written by this program only (one program per
@@ -127,68 +109,87 @@ def ctc_alpha_kernel(
     ``STORE_ALL=False`` the rows alternate between two slots; the slot written at
     frame ``t+1`` was last read at frame ``t``, before that frame's barrier.
 
+    The helpers (guarded logaddexp, emission gather) are written inline: the
+    interpreter re-patches ``triton.language`` on every device-function call.
+
     Updates:
-        alpha (T or 2, B, K): ``log_alpha`` at row ``t`` (``t % 2``), lanes ``s < 2 L_b + 1``.
+        alpha (T or 2, B, K): rescaled ``log_alpha`` at row ``t`` (``t % 2``), lanes ``s < 2 L_b + 1``.
         loss (B,): ``-log p``; ``+inf`` if impossible; zero frames: 0 for an empty target.
     """
     ACC = tl.float64 if FP64 else tl.float32
+    NEG_INF = float("-inf")
     i_b = tl.program_id(0).to(tl.int64)
     b_T = tl.load(il_ptr + i_b)
     b_L = tl.load(tl_ptr + i_b)
     K_b = 2 * b_L + 1
-    o_s = tl.arange(0, BLOCK_K)
+    # int64 lanes: all offset arithmetic in 64 bits (no int32 overflow checks needed).
+    o_s = tl.arange(0, BLOCK_K).to(tl.int64)
     m_s = o_s < K_b
     m_lab = m_s & ((o_s % 2) == 1)
+    m_s1 = m_s & (o_s >= 1)
     p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
     b_ext = tl.load(p_tgt, mask=m_lab, other=blank)
     b_prev = tl.load(p_tgt - stride_ts, mask=m_lab & (o_s >= 3), other=blank)
     m_skip = m_lab & (o_s >= 3) & (b_ext != blank) & (b_ext != b_prev)
     p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
+    p_lse = lse_ptr + i_b
+    BK = B * K
+    p_a = alpha_ptr + i_b * K + o_s
+    p_a1 = p_a - 1
+    p_a2 = p_a - 2
 
     has = b_T > 0
     # Scalar conditions enter masks as vector comparisons: the interpreter turns
     # ``vector_bool & scalar_bool`` into int32, which it then rejects as a mask.
     m_0 = o_s < tl.where(has, K_b, 0)
-    b_e = _emission(p_x, 0, stride_xt, lse_ptr, B, i_b, m_0, FUSED, ACC)
-    b_a = tl.where(o_s < 2, b_e, float("-inf"))
-    # Each frame's row is rescaled to a maximum of 0 and the shifts are summed in
-    # float64: the stored values stay O(|log p_t|), so float32 rounding does not
-    # grow with t (unscaled, alpha reaches -T * |log p| and its ulp with it).
-    shift = _frame_shift(b_a)
+    b_e = tl.load(p_x, mask=m_0, other=NEG_INF).to(ACC)
+    if FUSED:
+        b_e = b_e - tl.load(p_lse, mask=has, other=0.0)
+    b_a = tl.where(o_s < 2, b_e, NEG_INF)
+    b_max = tl.reduce(b_a, 0, _MAX)
+    shift = tl.where(b_max == NEG_INF, 0.0, b_max)
     b_a = b_a - shift
     b_off = shift.to(tl.float64)
-    p_a = alpha_ptr + i_b * K + o_s
     tl.store(p_a, b_a, mask=m_0)
     tl.debug_barrier()
     for t in range(1, b_T):
         if STORE_ALL:
-            p_prev = alpha_ptr + ((t - 1) * B + i_b) * K + o_s
-            p_cur = alpha_ptr + (t * B + i_b) * K + o_s
+            off = t * BK
+            off_prev = off - BK
         else:
-            p_prev = alpha_ptr + (((t - 1) % 2) * B + i_b) * K + o_s
-            p_cur = alpha_ptr + ((t % 2) * B + i_b) * K + o_s
-        b_a1 = tl.load(p_prev - 1, mask=m_s & (o_s >= 1), other=float("-inf"))
-        b_a2 = tl.load(p_prev - 2, mask=m_skip, other=float("-inf"))
-        b_e = _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_s, FUSED, ACC)
-        b_a = b_e + _logaddexp3(b_a, b_a1, b_a2)
-        shift = _frame_shift(b_a)
+            off = (t % 2) * BK
+            off_prev = BK - off
+        b_a1 = tl.load(p_a1 + off_prev, mask=m_s1, other=NEG_INF)
+        b_a2 = tl.load(p_a2 + off_prev, mask=m_skip, other=NEG_INF)
+        b_e = tl.load(p_x + t * stride_xt, mask=m_s, other=NEG_INF).to(ACC)
+        if FUSED:
+            b_e = b_e - tl.load(p_lse + t * B)
+        # Guarded logaddexp: a lane whose three terms are all -inf stays -inf,
+        # with no -inf - -inf and no log(0).
+        b_m = tl.maximum(tl.maximum(b_a, b_a1), b_a2)
+        none = b_m == NEG_INF
+        b_sh = tl.where(none, 0.0, b_m)
+        b_tot = tl.exp(b_a - b_sh) + tl.exp(b_a1 - b_sh) + tl.exp(b_a2 - b_sh)
+        b_a = b_e + tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + b_sh)
+        b_max = tl.reduce(b_a, 0, _MAX)
+        shift = tl.where(b_max == NEG_INF, 0.0, b_max)
         b_a = b_a - shift
         b_off += shift.to(tl.float64)
-        tl.store(p_cur, b_a, mask=m_s)
+        tl.store(p_a + off, b_a, mask=m_s)
         tl.debug_barrier()
 
     # log p = logaddexp(alpha[T_b-1, K_b-1], alpha[T_b-1, K_b-2]); lane K_b-2 is
     # the last label (absent when L_b = 0, K_b - 2 = -1 matches no lane).
     m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
-    b_v = tl.where(m_fin, b_a, float("-inf"))
-    b_max = tl.max(b_v, axis=0)
-    none = b_max == float("-inf")
+    b_v = tl.where(m_fin, b_a, NEG_INF)
+    b_max = tl.reduce(b_v, 0, _MAX)
+    none = b_max == NEG_INF
     shift = tl.where(none, 0.0, b_max)
-    b_tot = tl.sum(tl.where(m_fin, tl.exp(b_v - shift), 0.0), axis=0)
-    b_ll = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_tot)) + shift)
+    b_tot = tl.reduce(tl.where(m_fin, tl.exp(b_v - shift), 0.0), 0, _ADD)
+    b_ll = tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + shift)
     b_ll = (b_ll.to(tl.float64) + b_off).to(ACC)
     # Zero frames: only the empty target is feasible (probability 1).
-    b_ll = tl.where(has, b_ll, tl.where(b_L == 0, 0.0, float("-inf")))
+    b_ll = tl.where(has, b_ll, tl.where(b_L == 0, 0.0, NEG_INF))
     tl.store(loss_ptr + i_b, -b_ll)
 
 
@@ -244,13 +245,19 @@ def ctc_beta_kernel(
 
         beta'[t, s] = logaddexp(bn[t+1, s], bn[t+1, s+1],
                                 bn[t+1, s+2] if l'_{s+2} != blank, l'_{s+2} != l'_s)
-        gamma[t, s] = exp(alpha[t, s] + beta'[t, s] - log p)
+        gamma[t, s] = softmax_s(alpha[t, s] + beta'[t, s])
+
+    Every path crosses frame ``t`` in exactly one state, so ``sum_s alpha beta' = p``
+    at every frame and the occupation is a softmax over the frame's states: the
+    rescalings of ``alpha`` and ``beta'`` (and ``log p``) cancel, and so do the
+    rounding errors they carry. ``beta'`` is rescaled by the same frame shift.
 
     The occupation of a class is the sum of ``gamma`` over its states: blank over
     the lanes holding blank; a label over its occurrences in the target, summed
     by the lane of its first occurrence (``count > 0``) in increasing position
     order (``perm``/``pos``: the target's positions sorted by label). That lane
-    alone writes ``grad[t, b, class] = base - occupation``.
+    alone writes ``grad[t, b, class] = base - occupation`` (``base``: softmax when
+    fused, else 0), computed in the accumulation dtype and rounded once.
 
     Race-freedom on a GPU: as in ``ctc_alpha_kernel``, the scratch rows (``bn``
     for the shifted states, ``gamma`` for the per-class sums) belong to this
@@ -266,11 +273,13 @@ def ctc_beta_kernel(
         scratch (B, 2, 2, K): working rows.
     """
     ACC = tl.float64 if FP64 else tl.float32
+    NEG_INF = float("-inf")
     i_b = tl.program_id(0).to(tl.int64)
     b_T = tl.load(il_ptr + i_b)
     b_L = tl.load(tl_ptr + i_b)
     K_b = 2 * b_L + 1
-    o_s = tl.arange(0, BLOCK_K)
+    # int64 lanes: all offset arithmetic in 64 bits (no int32 overflow checks needed).
+    o_s = tl.arange(0, BLOCK_K).to(tl.int64)
     m_s = o_s < K_b
     m_lab = m_s & ((o_s % 2) == 1)
     p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
@@ -279,62 +288,75 @@ def ctc_beta_kernel(
     b_next = tl.load(p_tgt + stride_ts, mask=m_n, other=blank)
     m_skip_next = m_n & (b_next != blank) & (b_next != b_ext)
     m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
+    b_final = tl.where(m_fin, 0.0, NEG_INF).to(ACC)
     m_blank = m_s & (b_ext == blank)
+    m_lane0 = o_s == 0
     p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
+    p_lse = lse_ptr + i_b
     p_g = grad_ptr + i_b * stride_gb + b_ext.to(tl.int64) * stride_gc
+    BK = B * K
+    p_al = alpha_ptr + i_b * K + o_s
 
     # Class groups: count > 0 marks the first occurrence of a label (the group's size).
     o_l = i_b * S + o_s // 2
     b_count = tl.load(count_ptr + o_l, mask=m_lab, other=0)
-    b_pos = tl.load(pos_ptr + o_l, mask=m_lab, other=0)
+    p_perm = perm_ptr + i_b * S + tl.load(pos_ptr + o_l, mask=m_lab, other=0)
     b_mult = tl.load(mult_ptr + i_b)
-    m_write = (o_s == 0) | (b_count > 0)
+    m_write = m_s & (m_lane0 | (b_count > 0))
+    # gamma of label position i: lane 2 i + 1 of the frame's gamma row.
+    p_scr_lab = scratch_ptr + i_b * 4 * K + K + 1
 
     b_ll = -tl.load(loss_ptr + i_b)
     # Impossible alignment: the gradient stays as the dense pass left it (zero).
-    n_t = tl.where(b_ll == float("-inf"), 0, b_T)
+    n_t = tl.where(b_ll == NEG_INF, 0, b_T)
     p_scr = scratch_ptr + i_b * 4 * K + o_s
-    b_bn = tl.full([BLOCK_K], float("-inf"), ACC)
+    o_s1 = o_s + 1
+    o_s2 = o_s + 2
+    p_scr1 = p_scr + 1
+    p_scr2 = p_scr + 2
+    b_bn = tl.full([BLOCK_K], NEG_INF, ACC)
     for it in range(0, n_t):
         t = n_t - 1 - it
-        slot = (t % 2) * 2 * K
-        prev = ((t + 1) % 2) * 2 * K
-        m_more = t + 1 < n_t
+        slot = (t % 2) * (2 * K)
         # (scalar conditions as vector comparisons: see ctc_alpha_kernel)
+        m_more = t + 1 < n_t
         K_more = tl.where(m_more, K_b, 0)
-        b_b1 = tl.load(p_scr + prev + 1, mask=o_s + 1 < K_more, other=float("-inf"))
-        b_b2 = tl.load(p_scr + prev + 2, mask=m_skip_next & (o_s + 2 < K_more),
-                       other=float("-inf"))
-        b_beta = tl.where(m_more, _logaddexp3(b_bn, b_b1, b_b2),
-                          tl.where(m_fin, 0.0, float("-inf")))
-        b_alpha = tl.load(alpha_ptr + (t * B + i_b) * K + o_s, mask=m_s, other=float("-inf"))
-        # Every path crosses frame t in exactly one state, so the occupation is the
-        # softmax over states of alpha + beta': the frame's rescalings of alpha and
-        # beta (and log p) cancel, and so do their rounding errors.
-        b_v = tl.where(m_s, b_alpha + b_beta, float("-inf"))
-        shift = _frame_shift(b_v)
+        b_b1 = tl.load(p_scr1 + (2 * K - slot), mask=o_s1 < K_more, other=NEG_INF)
+        b_b2 = tl.load(p_scr2 + (2 * K - slot), mask=m_skip_next & (o_s2 < K_more), other=NEG_INF)
+        # Guarded logaddexp (see ctc_alpha_kernel).
+        b_m = tl.maximum(tl.maximum(b_bn, b_b1), b_b2)
+        none = b_m == NEG_INF
+        b_sh = tl.where(none, 0.0, b_m)
+        b_tot = tl.exp(b_bn - b_sh) + tl.exp(b_b1 - b_sh) + tl.exp(b_b2 - b_sh)
+        b_beta = tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + b_sh)
+        b_beta = tl.where(m_more, b_beta, b_final)
+
+        b_alpha = tl.load(p_al + t * BK, mask=m_s, other=NEG_INF)
+        b_v = b_alpha + b_beta
+        b_max = tl.reduce(b_v, 0, _MAX)
+        # A feasible sequence has a finite state at every frame: b_max is finite.
+        shift = tl.where(b_max == NEG_INF, 0.0, b_max)
         b_p = tl.exp(b_v - shift)
-        b_z = tl.sum(b_p, axis=0)
-        b_gamma = b_p / tl.where(b_z > 0, b_z, 1.0)
-        b_e = _emission(p_x, t, stride_xt, lse_ptr, B, i_b, m_s, FUSED, ACC)
-        # beta' is rescaled by the same shift: its important states stay O(|log p_t|).
+        b_gamma = b_p / tl.reduce(b_p, 0, _ADD)
+        b_e = tl.load(p_x + t * stride_xt, mask=m_s, other=NEG_INF).to(ACC)
+        if FUSED:
+            b_e = b_e - tl.load(p_lse + t * B)
         b_bn = (b_beta - shift) + b_e
         tl.store(p_scr + slot, b_bn, mask=m_s)
-        tl.store(p_scr + slot + K, b_gamma, mask=m_s)
+        tl.store(p_scr + (slot + K), b_gamma, mask=m_s)
         tl.debug_barrier()
 
         b_occ = b_gamma
         for j in range(1, b_mult):
             m_j = j < b_count
-            i_other = tl.load(perm_ptr + i_b * S + b_pos + j, mask=m_j, other=0)
-            b_occ += tl.load(scratch_ptr + i_b * 4 * K + slot + K + 2 * i_other + 1,
-                             mask=m_j, other=0.0)
-        b_occ = tl.where(o_s == 0, tl.sum(tl.where(m_blank, b_gamma, 0.0), axis=0), b_occ)
+            i_other = tl.load(p_perm + j, mask=m_j, other=0)
+            b_occ += tl.load(p_scr_lab + (slot + 2 * i_other), mask=m_j, other=0.0)
+        b_occ = tl.where(m_lane0, tl.reduce(tl.where(m_blank, b_gamma, 0.0), 0, _ADD), b_occ)
         if FUSED:
             b_g = tl.exp(b_e) - b_occ
         else:
             b_g = -b_occ
-        tl.store(p_g + t * stride_gt, b_g, mask=m_write & m_s)
+        tl.store(p_g + t * stride_gt, b_g, mask=m_write)
 
 
 def _label_groups(targets: torch.Tensor, target_lengths: torch.Tensor, blank: int):
