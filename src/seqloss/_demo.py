@@ -227,7 +227,7 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError:
-        console.print(PLOT_HINT)
+        console.print(PLOT_HINT, markup=False)
         return None
     b = 0
     Tb, L = int(batch.input_lengths[b]), int(batch.target_lengths[b])

@@ -134,6 +134,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for loss in losses:
         cs = bench.cases(loss, args.sizes)
         peers, missing = bench.available_peers(loss)
+        if args.peers is not None:
+            wanted = {x.strip() for x in args.peers.split(",") if x.strip()}
+            known = {p.name for p in bench.PEERS[loss]}
+            if wanted - known:
+                return _fail(prog, f"--peers: unknown {loss} peer(s) {sorted(wanted - known)}; "
+                             f"expected some of {sorted(known)}")
+            peers = [p for p in peers if p.name in wanted]
         if missing:
             console.print(f"{loss}: peers not installed: " + ", ".join(
                 f"{k} ({v})" for k, v in missing.items()))
@@ -203,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="case grid: small (seconds) or paper (minutes) (default small)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write results as JSON")
     b.add_argument("--repeats", type=_positive_int, default=5, help="timed calls per library (default 5)")
+    b.add_argument("--peers", default=None, metavar="LIST",
+                   help="comma-separated peers to time (default: every installed one)")
     b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", choices=["float32", "float64", "float16", "bfloat16"],
                    default="float32", help="input dtype (default float32)")

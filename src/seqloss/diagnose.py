@@ -315,6 +315,7 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     with torch.enable_grad():
         loss = fn(*bound.args, **bound.kwargs)
         (grad,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
+    grad = grad.detach()
     if kind == "ctc":
         return _diagnose_ctc(a, x.detach(), loss.detach(), grad)
     return _diagnose_rnnt(a, x.detach(), loss.detach(), grad)

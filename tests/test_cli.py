@@ -1,0 +1,204 @@
+"""The seqloss command: demo, doctor, bench, usage errors and help.
+
+The commands that matter end to end run in a subprocess (``python -m seqloss``);
+cheaper checks call ``seqloss.cli.main`` in-process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import pytest
+import seqloss
+from seqloss import cli
+
+NAN = float("nan")
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, COLUMNS="160")
+    return subprocess.run([sys.executable, "-m", "seqloss", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _ctc_args(T=8, B=3, C=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "kind": "ctc",
+        "log_probs": torch.randn(T, B, C, generator=g).log_softmax(-1),
+        "targets": torch.tensor([[1, 2, 3], [1, 1, 2], [2, 3, 4]]),
+        "input_lengths": torch.tensor([8, 8, 8]),
+        "target_lengths": torch.tensor([3, 3, 2]),
+        "blank": 0,
+    }
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("doctor")
+    clean = _ctc_args()
+    torch.save(clean, d / "clean.pt")
+    bad = _ctc_args()
+    bad["input_lengths"] = torch.tensor([8, 3, 8])  # item 1 needs 4 frames (3 labels + 1 repeat)
+    bad["log_probs"][2, 2, 3] = NAN  # item 2: NaN at frame 2, class 3
+    torch.save(bad, d / "bad.pt")
+    invalid = _ctc_args()
+    invalid["targets"] = torch.tensor([[1, 2, 3], [1, 9, 2], [2, 3, 4]])  # id 9 >= C = 5
+    torch.save(invalid, d / "invalid.pt")
+    (d / "garbage.pt").write_bytes(b"this is not a torch file\x00\x01")
+    return d
+
+
+# ------------------------------------------------------------------ doctor
+def test_doctor_names_infeasible_and_nan(files):
+    r = run("doctor", str(files / "bad.pt"))
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    row1 = next(ln for ln in lines if ln.startswith("1 "))
+    row2 = next(ln for ln in lines if ln.startswith("2 "))
+    assert "infeasible: needs 4 frames (3 labels + 1 repeat), has 3" in row1
+    assert "NaN at frame 2, class 3" in row2
+    assert lines[-1] == "3 sequences: 1 with non-finite input [2]; 1 infeasible [1]"
+
+
+def test_doctor_garbage_file_exits_2(files, capsys):
+    assert cli.main(["doctor", str(files / "garbage.pt")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and "cannot read" in err
+
+
+def test_doctor_clean_and_json_in_process(files, capsys):
+    assert cli.main(["doctor", str(files / "clean.pt")]) == 0
+    out = capsys.readouterr().out
+    assert "all 3 sequences ok" in out
+    assert cli.main(["doctor", "--json", str(files / "bad.pt")]) == 1
+    d = json.loads(capsys.readouterr().out)
+    assert d["ok"] is False
+    assert d["sequences"][1]["status"] == "infeasible"
+    assert d["sequences"][2]["nonfinite"]["frame"] == 2
+
+
+def test_doctor_invalid_arguments_exit_1(files, capsys):
+    assert cli.main(["doctor", str(files / "invalid.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "InputError" in out and "targets[1, 1] = 9" in out
+
+
+def test_doctor_unusable_files_exit_2(tmp_path, capsys):
+    assert cli.main(["doctor", str(tmp_path / "missing.pt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    torch.save([1, 2], tmp_path / "list.pt")
+    assert cli.main(["doctor", str(tmp_path / "list.pt")]) == 2
+    torch.save({"kind": "warp"}, tmp_path / "kind.pt")
+    assert cli.main(["doctor", str(tmp_path / "kind.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "expected a dict" in err and "'kind' must be" in err
+
+
+@pytest.mark.skipif(not hasattr(seqloss, "rnnt_loss"), reason="seqloss.rnnt_loss not built")
+def test_doctor_rnnt(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 3, 5, generator=g)
+    torch.save({"kind": "rnnt", "logits": logits, "targets": torch.tensor([[1, 2], [3, 0]]),
+                "logit_lengths": torch.tensor([4, 0]), "target_lengths": torch.tensor([2, 1]),
+                "blank": -1}, tmp_path / "rnnt.pt")
+    assert cli.main(["doctor", str(tmp_path / "rnnt.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "zero frames" in out and "1 infeasible [1]" in out
+
+
+# ------------------------------------------------------------------ usage
+@pytest.mark.parametrize(
+    "argv",
+    [["demo", "--steps", "0"], ["bench", "--sizes", "huge"], ["doctor"], ["frobnicate"], []],
+    ids=["bad-value", "bad-choice", "missing-file", "unknown-command", "no-command"],
+)
+def test_bad_arguments_one_line_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "usage:" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seqloss")
+
+
+def test_bench_unknown_peer_exit_2(capsys):
+    assert cli.main(["bench", "--loss", "ctc", "--peers", "warpctc"]) == 2
+    assert "unknown ctc peer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["demo", "doctor", "bench"])
+def test_subcommand_help(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([cmd, "--help"])
+    assert e.value.code == 0
+    assert f"usage: seqloss {cmd}" in capsys.readouterr().out
+
+
+def test_python_m_seqloss_help():
+    r = run("--help")
+    assert r.returncode == 0
+    for cmd in ("demo", "doctor", "bench"):
+        assert cmd in r.stdout
+
+
+# ------------------------------------------------------------------ bench
+def test_bench_small_prints_table(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run("bench", "--loss", "ctc", "--sizes", "small", "--repeats", "2", "--peers", "torch",
+            "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "seqloss ms" in r.stdout and "torch ratio" in r.stdout
+    assert "ctc T=50 B=4 C=20 L=10" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["header"]["torch"] == torch.__version__
+    t = d["results"][0]["timings"]
+    assert t["seqloss"]["median_s"] > 0 and t["torch"]["ratio_vs_seqloss"] > 0
+    # seqloss and torch computed the same loss.
+    assert t["seqloss"]["loss"] == pytest.approx(t["torch"]["loss"], rel=1e-4)
+
+
+# ------------------------------------------------------------------ demo
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+
+
+def test_demo_runs_and_writes_png(tmp_path):
+    r = run("demo", "--steps", "3", "--out", str(tmp_path), "--seed", "1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    for what in ("CTC loss (per label) falling", "greedy decode", "torch", "float16",
+                 "NotImplementedError", "An impossible sequence", "demo finished"):
+        assert what in out, what
+    png = tmp_path / "ctc_alignment.png"
+    if not HAS_MPL:
+        assert "pip install seqloss[plot]" in out and not png.exists()
+        return
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+    import matplotlib.image
+
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
+
+
+def test_demo_without_matplotlib_prints_hint(monkeypatch, tmp_path):
+    from rich.console import Console
+
+    from seqloss import _demo, _demo_data
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    console = Console(record=True, width=200)
+    g = torch.Generator().manual_seed(0)
+    batch = _demo_data.make_batch(2, g)
+    assert _demo.alignment_png(_demo_data.TinyCTC(), None, batch, tmp_path, console) is None
+    assert "pip install seqloss[plot]" in console.export_text()
+    assert not (tmp_path / "ctc_alignment.png").exists()
