@@ -1,152 +1,18 @@
 """Timing and peak-memory machinery shared by the loss benchmarks.
 
-A benchmark module defines its cases (plain dicts, JSON-serializable) and its
-implementations (name -> factory ``make(case) -> fn``, where ``fn()`` runs one
-forward+backward and returns what the call produced). This module runs them:
-
-- ``interleaved_times``: every implementation once per round, rounds repeated,
-  median per implementation, so that a noisy shared machine slows all of them
-  alike and the ratios stay meaningful.
-- ``peak_memory_subprocess``: extra peak resident memory of one call, measured
-  in a fresh process per (implementation, case) as ``/work/shared/MEASURED.md``
-  defines it: after one warm-up call, ``echo 5 > /proc/self/clear_refs``, read
-  ``VmRSS``, run one call (its result, e.g. the gradient, counts), read
-  ``VmHWM``; report the difference. ``MALLOC_MMAP_THRESHOLD_=65536`` makes freed
-  large blocks go back to the system so that they do not hide in the allocator.
-  The child is the benchmark script itself, run with ``--mem-child``
-  (see ``mem_child_main``).
+The code ships inside the package (``seqloss.bench._common``) so that
+``seqloss bench`` works from an installed wheel; this module re-exports it for
+the scripts in this folder.
 """
 
-from __future__ import annotations
-
-import gc
-import json
-import os
-import platform
-import statistics
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Sequence
-
-Factory = Callable[[dict], Callable[[], object]]
-
-
-# --------------------------------------------------------------------------- timing
-def interleaved_times(
-    fns: dict[str, Callable[[], object]], repeat: int, warmup: int = 1
-) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``repeat`` interleaved rounds after ``warmup``."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            gc.collect()
-            t0 = time.perf_counter()
-            res = fn()
-            out[name].append(time.perf_counter() - t0)
-            del res
-    return out
-
-
-def median_ms(times: Sequence[float]) -> float:
-    return 1e3 * statistics.median(times)
-
-
-# --------------------------------------------------------------------------- memory
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not found in /proc/self/status")
-
-
-def peak_of_call(fn: Callable[[], object]) -> float:
-    """Extra peak RSS (MiB) of one call of ``fn`` in this process (warm it up first)."""
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    rss0 = _status_kib("VmRSS")
-    res = fn()
-    hwm = _status_kib("VmHWM")
-    del res
-    return (hwm - rss0) / 1024.0
-
-
-def peak_memory_subprocess(script: str, impl: str, case: dict, timeout: float = 600.0) -> float | None:
-    """Run ``script --mem-child IMPL CASE_JSON`` in a fresh process; its peak in MiB.
-
-    Returns ``None`` when the child fails (e.g. the implementation's library is missing).
-    """
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, script, "--mem-child", impl, json.dumps(case)]
-    try:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    if r.returncode != 0:
-        sys.stderr.write(f"[mem] {impl} {case.get('name')}: child failed\n{r.stderr[-2000:]}\n")
-        return None
-    for line in reversed(r.stdout.splitlines()):
-        if line.startswith("PEAK_MIB "):
-            return float(line.split()[1])
-    return None
-
-
-def mem_child_main(impls: dict[str, Factory], argv: Sequence[str], threads: int | None = None) -> None:
-    """Child side of ``peak_memory_subprocess``: ``argv = [impl, case_json]``."""
-    impl, case = argv[0], json.loads(argv[1])
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-    fn = impls[impl](case)
-    fn()  # warm-up: JIT compilation and caches out of the way
-    print(f"PEAK_MIB {peak_of_call(fn):.3f}", flush=True)
-
-
-# --------------------------------------------------------------------------- reporting
-def machine_info() -> dict:
-    info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            txt = f.read()
-        for line in txt.splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        info["avx512"] = " avx512f " in txt
-    except OSError:
-        pass
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["torch_threads"] = torch.get_num_threads()
-    except ImportError:
-        pass
-    try:
-        import numba
-
-        info["numba"] = numba.__version__
-    except ImportError:
-        pass
-    info["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return info
-
-
-def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
-    """Markdown table; ``columns`` = (key, header, format spec)."""
-    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    sep = "|" + "|".join("---" for _ in columns) + "|"
-    lines = [head, sep]
-    for r in rows:
-        cells = []
-        for key, _, fmt in columns:
-            v = r.get(key)
-            cells.append("—" if v is None else format(v, fmt) if fmt else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+from seqloss.bench._common import (  # noqa: F401
+    Factory,
+    _status_kib,
+    format_table,
+    interleaved_times,
+    machine_info,
+    median_ms,
+    mem_child_main,
+    peak_memory_subprocess,
+    peak_of_call,
+)

@@ -115,6 +115,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
 
     import seqloss
 
@@ -125,44 +126,64 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.loss == "rnnt" and not has_rnnt:
         return _fail(prog, "seqloss.rnnt_loss is not in this build")
     losses = [args.loss] if args.loss else [x for x in bench.LOSSES if x == "ctc" or has_rnnt]
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return _fail(prog, "--device cuda: CUDA is not available")
-    dtype = getattr(torch, args.dtype)
+    torch.set_num_threads(args.threads)
     console = _console()
-    all_results = []
+    out: dict = {"machine": None}
     for loss in losses:
-        cs = bench.cases(loss, args.sizes)
-        peers, missing = bench.available_peers(loss)
+        mod = bench.module(loss)
+        impls = list(mod.implementations())
+        libs = {bench.library(n) for n in impls} - {"seqloss"}
         if args.peers is not None:
             wanted = {x.strip() for x in args.peers.split(",") if x.strip()}
-            known = {p.name for p in bench.PEERS[loss]}
+            known = {bench.library(n) for n in getattr(mod, "IMPLS", impls)} | libs
             if wanted - known:
                 return _fail(prog, f"--peers: unknown {loss} peer(s) {sorted(wanted - known)}; "
-                             f"expected some of {sorted(known)}")
-            peers = [p for p in peers if p.name in wanted]
-        if missing:
-            console.print(f"{loss}: peers not installed: " + ", ".join(
-                f"{k} ({v})" for k, v in missing.items()))
-        total = bench.steps_for(cs, 1 + len(peers), args.repeats)
+                             f"expected some of {sorted(known - {'seqloss'})}")
+            impls = [n for n in impls if bench.library(n) in wanted | {"seqloss"}]
+            libs &= wanted
+        console.print(f"{loss}: timing seqloss against {', '.join(sorted(libs)) or 'no peer'} "
+                      "(peers that are not installed are skipped)", markup=False)
+        cs = mod.cases(args.sizes)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
-            task = progress.add_task(f"{loss} ({args.sizes})", total=total)
-            results = bench.run_cases(
-                cs, device=device, dtype=dtype, repeats=args.repeats, peers=peers,
-                on_step=lambda label: progress.update(task, advance=1, description=label),
-            )
-        all_results += results
-        console.print(bench.results_table(
-            results, title=f"{loss}, {args.sizes} sizes, {args.dtype}, {device}"))
-        for r in results:
-            for t in r.timings.values():
-                if t.error:
-                    console.print(f"  {r.case}: {t.library} failed: {t.error}", markup=False)
+            task = progress.add_task(f"{loss} ({args.sizes})", total=len(cs) * len(impls))
+            rows = mod.run(cs, repeat=args.repeats, memory=args.memory, impls=impls,
+                           log=lambda line: progress.update(task, advance=1,
+                                                            description=line.strip()))
+        pairs = mod.pair_rows(rows)
+        table = Table(title=f"{loss}: {args.sizes} sizes, float32, CPU, forward + backward",
+                      caption="ratio = peer time / seqloss time (> 1: seqloss is faster); "
+                      "medians of interleaved rounds")
+        for col, justify in (("case", "left"), ("seqloss", "left"), ("peer", "left"),
+                             ("seqloss ms", "right"), ("peer ms", "right"), ("ratio", "right")):
+            table.add_column(col, justify=justify)
+        if args.memory:
+            table.add_column("seqloss MiB", justify="right")
+            table.add_column("peer MiB", justify="right")
+        for p in pairs:
+            row = [p["case"], p["seqloss"], p["peer"], f"{p['seqloss_ms']:.2f}",
+                   f"{p['peer_ms']:.2f}", f"{p['ratio']:.2f}x"]
+            if args.memory:
+                row += [_mib(p["seqloss_mib"]), _mib(p["peer_mib"])]
+            table.add_row(*row)
+        if not pairs:
+            for r in rows:
+                table.add_row(r["case"], r["impl"], "-", f"{r['ms']:.2f}", "-", "-",
+                              *(["-", "-"] if args.memory else []))
+        console.print(table)
+        out[loss] = {"rows": rows, "pairs": pairs}
     if args.json:
-        bench.write_json(args.json, all_results, device)
-        console.print(f"results written to {args.json}")
+        from .bench._common import machine_info
+
+        out["machine"] = machine_info()
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        console.print(f"results written to {args.json}", markup=False)
     return EXIT_OK
+
+
+def _mib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 # --------------------------------------------------------------------------- main
@@ -202,19 +223,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time seqloss against the installed peers",
                        description="Time forward + backward of seqloss and every importable peer "
-                       "(torch, optax; torchaudio, fast_rnnt, warprnnt-numba) on the registered "
-                       "cases, interleaved, and print each peer's time over seqloss's.")
+                       "(CTC: torch, optax; RNN-T: torchaudio, fast_rnnt) on the registered "
+                       "cases, interleaved, and print each peer's time over seqloss's. The same "
+                       "code as benchmarks/bench_ctc.py (python -m seqloss.bench.ctc).")
     b.add_argument("--loss", choices=["ctc", "rnnt"], default=None,
                    help="which loss (default: every loss in this build)")
     b.add_argument("--sizes", choices=["small", "paper"], default="small",
                    help="case grid: small (seconds) or paper (minutes) (default small)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write results as JSON")
-    b.add_argument("--repeats", type=_positive_int, default=5, help="timed calls per library (default 5)")
+    b.add_argument("--repeats", type=_positive_int, default=5,
+                   help="interleaved timing rounds (default 5)")
     b.add_argument("--peers", default=None, metavar="LIST",
-                   help="comma-separated peers to time (default: every installed one)")
-    b.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--dtype", choices=["float32", "float64", "float16", "bfloat16"],
-                   default="float32", help="input dtype (default float32)")
+                   help="comma-separated peer libraries to time, e.g. torch,optax "
+                   "(default: every installed one)")
+    b.add_argument("--memory", action="store_true",
+                   help="also measure peak memory (a fresh process per implementation and case)")
+    b.add_argument("--threads", type=_positive_int, default=2,
+                   help="torch.set_num_threads (default 2)")
     b.set_defaults(func=_cmd_bench)
     return p
 

@@ -1,36 +1,32 @@
 """Benchmarks shipped with the package, so ``seqloss bench`` works from an installed wheel.
 
-- :mod:`.cases`: the registry of cases (loss, size grid, dtype) and the input factory;
-- :mod:`.peers`: one adapter per library (seqloss, torch, optax, torchaudio, fast_rnnt,
-  warprnnt-numba), each forward + backward on the same logits;
-- :mod:`.runner`: interleaved timing, the ratio table and JSON output.
-
-The scripts in ``benchmarks/`` call the same code.
+One module per loss, each with the same interface: ``cases(sizes)`` (the registry,
+``"small"`` or ``"paper"``), ``implementations()`` (name -> factory
+``make(case) -> fn``, ``fn()`` one forward + backward), ``run(cases, repeat, memory,
+impls, log)`` (interleaved timing, optional peak memory in fresh processes) and
+``pair_rows(rows)`` (seqloss against each peer: ``ratio = peer_ms / seqloss_ms``).
+The machinery is in :mod:`._common`. The scripts in ``benchmarks/`` call this code.
 """
 
 from __future__ import annotations
 
-from .cases import CASES, LOSSES, SIZES, Case, Inputs, cases, make_inputs
-from .peers import PEERS, SEQLOSS, Peer, available_peers
-from .runner import CaseResult, Timing, header, results_table, run_cases, steps_for, write_json
+import importlib
+from types import ModuleType
 
-__all__ = [
-    "CASES",
-    "LOSSES",
-    "PEERS",
-    "SEQLOSS",
-    "SIZES",
-    "Case",
-    "CaseResult",
-    "Inputs",
-    "Peer",
-    "Timing",
-    "available_peers",
-    "cases",
-    "header",
-    "make_inputs",
-    "results_table",
-    "run_cases",
-    "steps_for",
-    "write_json",
-]
+LOSSES = ("ctc", "rnnt")
+SIZES = ("small", "paper")
+
+
+def module(loss: str) -> ModuleType:
+    """The benchmark module of ``loss`` ("ctc" or "rnnt")."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    return importlib.import_module(f"seqloss.bench.{loss}")
+
+
+def library(impl: str) -> str:
+    """The library an implementation name belongs to ("torch log_softmax+ctc" -> "torch")."""
+    return impl.split()[0]
+
+
+__all__ = ["LOSSES", "SIZES", "library", "module"]
