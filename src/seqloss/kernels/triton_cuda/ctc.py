@@ -20,6 +20,11 @@ what another program of the same launch writes):
 
 Accumulation in float32 (float64 for float64 input); half inputs are cast at
 load (the interpreter keeps bfloat16 as raw integers and cannot compute on it).
+Float32 accuracy does not degrade with length: ``alpha`` is rescaled to a
+maximum of 0 at every frame (shifts summed in float64 for the loss), and the
+occupation of a frame is the softmax over states of ``alpha + beta'``, so the
+rescalings and ``log p`` cancel. Results are bit-deterministic: no atomics, and
+every reduction has a fixed order.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import triton.language as tl
 
 __all__ = ["ctc_loss_forward"]
 
-NEG_INF = float("-inf")
 
 # ``tl.max(x, 0)`` and ``tl.sum(x, 0)`` of float32/float64 compile to these reductions.
 # Spelled out, because the interpreter re-patches ``triton.language`` on every
@@ -287,8 +291,6 @@ def ctc_beta_kernel(
     m_n = m_lab & (o_s + 2 < K_b)
     b_next = tl.load(p_tgt + stride_ts, mask=m_n, other=blank)
     m_skip_next = m_n & (b_next != blank) & (b_next != b_ext)
-    m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
-    b_final = tl.where(m_fin, 0.0, NEG_INF).to(ACC)
     m_blank = m_s & (b_ext == blank)
     m_lane0 = o_s == 0
     p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
@@ -310,40 +312,52 @@ def ctc_beta_kernel(
     # Impossible alignment: the gradient stays as the dense pass left it (zero).
     n_t = tl.where(b_ll == NEG_INF, 0, b_T)
     p_scr = scratch_ptr + i_b * 4 * K + o_s
-    o_s1 = o_s + 1
-    o_s2 = o_s + 2
     p_scr1 = p_scr + 1
     p_scr2 = p_scr + 2
-    b_bn = tl.full([BLOCK_K], NEG_INF, ACC)
-    for it in range(0, n_t):
-        t = n_t - 1 - it
-        slot = (t % 2) * (2 * K)
-        # (scalar conditions as vector comparisons: see ctc_alpha_kernel)
-        m_more = t + 1 < n_t
-        K_more = tl.where(m_more, K_b, 0)
-        b_b1 = tl.load(p_scr1 + (2 * K - slot), mask=o_s1 < K_more, other=NEG_INF)
-        b_b2 = tl.load(p_scr2 + (2 * K - slot), mask=m_skip_next & (o_s2 < K_more), other=NEG_INF)
+    m_s1 = o_s + 1 < K_b
+    K2 = 2 * K
+    # A virtual frame T_b whose only finite state is the last one (bn = 0) makes
+    # the recursion itself give beta'[T_b - 1] = 0 on the two final states and
+    # -inf elsewhere (the blank before the last label cannot reach it).
+    slot = (n_t % 2) * K2
+    b_bn = tl.where(o_s == K_b - 1, 0.0, NEG_INF).to(ACC)
+    tl.store(p_scr + slot, b_bn, mask=m_s)
+    tl.debug_barrier()
+    # Frame pointers step back one frame per iteration.
+    p_al_t = p_al + n_t * BK
+    p_x_t = p_x + n_t * stride_xt
+    p_lse_t = p_lse + n_t * B
+    p_g_t = p_g + n_t * stride_gt
+    for _ in range(0, n_t):
+        prev = slot
+        slot = K2 - slot
+        p_al_t -= BK
+        p_x_t -= stride_xt
+        p_lse_t -= B
+        p_g_t -= stride_gt
+        b_b1 = tl.load(p_scr1 + prev, mask=m_s1, other=NEG_INF)
+        b_b2 = tl.load(p_scr2 + prev, mask=m_skip_next, other=NEG_INF)
         # Guarded logaddexp (see ctc_alpha_kernel).
         b_m = tl.maximum(tl.maximum(b_bn, b_b1), b_b2)
         none = b_m == NEG_INF
         b_sh = tl.where(none, 0.0, b_m)
         b_tot = tl.exp(b_bn - b_sh) + tl.exp(b_b1 - b_sh) + tl.exp(b_b2 - b_sh)
         b_beta = tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + b_sh)
-        b_beta = tl.where(m_more, b_beta, b_final)
 
-        b_alpha = tl.load(p_al + t * BK, mask=m_s, other=NEG_INF)
+        b_alpha = tl.load(p_al_t, mask=m_s, other=NEG_INF)
         b_v = b_alpha + b_beta
         b_max = tl.reduce(b_v, 0, _MAX)
         # A feasible sequence has a finite state at every frame: b_max is finite.
         shift = tl.where(b_max == NEG_INF, 0.0, b_max)
         b_p = tl.exp(b_v - shift)
         b_gamma = b_p / tl.reduce(b_p, 0, _ADD)
-        b_e = tl.load(p_x + t * stride_xt, mask=m_s, other=NEG_INF).to(ACC)
+        b_e = tl.load(p_x_t, mask=m_s, other=NEG_INF).to(ACC)
         if FUSED:
-            b_e = b_e - tl.load(p_lse + t * B)
+            b_e = b_e - tl.load(p_lse_t)
         b_bn = (b_beta - shift) + b_e
         tl.store(p_scr + slot, b_bn, mask=m_s)
-        tl.store(p_scr + (slot + K), b_gamma, mask=m_s)
+        if b_mult > 1:
+            tl.store(p_scr + (slot + K), b_gamma, mask=m_s)
         tl.debug_barrier()
 
         b_occ = b_gamma
@@ -356,7 +370,7 @@ def ctc_beta_kernel(
             b_g = tl.exp(b_e) - b_occ
         else:
             b_g = -b_occ
-        tl.store(p_g + t * stride_gt, b_g, mask=m_write)
+        tl.store(p_g_t, b_g, mask=m_write)
 
 
 def _label_groups(targets: torch.Tensor, target_lengths: torch.Tensor, blank: int):
