@@ -76,6 +76,11 @@ def ctc_backend(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=backend_params("transducer"))
+def rnnt_backend(request) -> str:
+    return request.param
+
+
 DEVICES = [pytest.param("cpu", id="cpu")] + [
     pytest.param(
         "cuda",

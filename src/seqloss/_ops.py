@@ -17,6 +17,7 @@ from torch import Tensor
 
 from . import _validate
 from ._dispatch import kernel_module
+from ._reduce import reduce_transducer
 
 NAN = float("nan")
 
@@ -133,32 +134,27 @@ ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
 
 
 # --------------------------------------------------------------------------- transducers
-@torch.library.custom_op("seqloss::scale_grad_", mutates_args=("grad",))
-def scale_grad_(grad: Tensor, grad_out: Tensor, batch_dim: int) -> None:
-    """In-place ``grad *= grad_out`` (``grad_out (n,)`` broadcast along ``batch_dim``).
+def _is_traced(t: Tensor) -> bool:
+    """True while tracing (compile, fake/functional tensors, functorch): no value reads then."""
+    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
+    from torch._subclasses.functional_tensor import FunctionalTensor  # noqa: PLC0415
 
-    The transducers' backward scales the gradient saved by the forward in place, so
-    no second logits-sized tensor appears. The saved gradient is private to the op
-    (the public functions drop it), so nothing else sees the mutation; a second
-    backward through the same graph (``retain_graph=True``) is refused by autograd's
-    version check instead of silently using the scaled values.
-    """
-    shape = [1] * grad.dim()
-    shape[batch_dim] = grad_out.shape[0]
-    g = grad_out.reshape(shape)
-    # Half gradients: the product is taken in float32 and rounded once.
-    grad.mul_(g.to(torch.float32) if grad.dtype in (torch.float16, torch.bfloat16) else g.to(grad.dtype))
+    return (
+        torch.compiler.is_compiling()
+        or isinstance(t, (FakeTensor, FunctionalTensor))
+        or torch._is_functional_tensor(t)  # noqa: SLF001
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
+    )
 
 
-@scale_grad_.register_fake
-def _(grad: Tensor, grad_out: Tensor, batch_dim: int) -> None:
-    return None
-
-
-def _rows_scale(grad_loss: Tensor, logit_lengths: Tensor, target_lengths: Tensor, rows: int) -> Tensor:
-    """Per-row incoming gradient of the packed layout (rows of sequence b: T_b (U_b + 1))."""
-    reps = (logit_lengths * (target_lengths + 1)).to(grad_loss.device)
-    return torch.repeat_interleave(grad_loss, reps, output_size=rows)
+def _batch_scale(grad_loss: Tensor, B: int, packed: bool, logit_lengths: Tensor,
+                 target_lengths: Tensor, rows: int) -> Tensor:
+    """Incoming gradient per batch item, or per row of the packed layout (T_b (U_b + 1) rows)."""
+    g = grad_loss.expand(B) if grad_loss.dim() == 0 else grad_loss
+    if not packed:
+        return g
+    reps = (logit_lengths * (target_lengths + 1)).to(g.device)
+    return torch.repeat_interleave(g, reps, output_size=rows)
 
 
 def rnnt_loss_impl(
@@ -170,20 +166,32 @@ def rnnt_loss_impl(
     clamp: float,
     fused_log_softmax: bool,
     fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
     backend: str,
     compute_grad: bool,
     validate: bool,
     grad_buffer: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Value checks + the backend's ``rnnt_loss_forward`` (padded or packed by ``logits.dim()``)."""
+    """Value checks, the backend's ``rnnt_loss_forward``, ``zero_infinity`` and the reduction.
+
+    The ``"mean"`` reduction's ``1/B`` is folded into the gradient here (the
+    kernel's ``grad_scale``), so that the usual backward (incoming gradient 1)
+    hands the saved gradient on untouched: no second logits-sized tensor.
+    """
     padded = _validate.transducer_values(
         logits, targets, logit_lengths, target_lengths, blank, validate=validate
     )
+    B = logit_lengths.shape[0]
+    grad_scale = 1.0 / B if reduction == "mean" and B > 0 else 1.0
     kern = kernel_module("transducer", backend)
-    return kern.rnnt_loss_forward(
+    loss, grad = kern.rnnt_loss_forward(
         logits, padded, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-        fastemit_lambda, compute_grad, grad_buffer,
+        fastemit_lambda, compute_grad, grad_buffer, grad_scale,
     )
+    if zero_infinity:
+        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
+    return reduce_transducer(loss, reduction), grad
 
 
 @torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
@@ -196,27 +204,30 @@ def rnnt_loss_op(
     clamp: float,
     fused_log_softmax: bool,
     fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
     backend: str,
     compute_grad: bool,
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Per-sequence RNN-T loss ``(B,)`` and its gradient shaped like ``logits`` (or empty).
+    """RNN-T loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
 
     ``logits`` padded ``(B, T, U+1, V)`` or packed ``(N, V)``; ``targets`` int64 padded
     ``(B, S)`` (or concatenated 1-D with packed logits); lengths ``(B,)`` int64.
-    Shapes and dtypes were checked by the caller.
+    The gradient is shaped like ``logits`` (empty unless ``compute_grad``) and already
+    includes the reduction's scaling. Shapes and dtypes were checked by the caller.
     """
     return rnnt_loss_impl(
         logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-        fastemit_lambda, backend, compute_grad, validate,
+        fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
     )
 
 
 @rnnt_loss_op.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-      fastemit_lambda, backend, compute_grad, validate):  # noqa: ANN001
-    B = logit_lengths.shape[0]
-    loss = logits.new_empty((B,), dtype=_acc_dtype(logits.dtype))
+      fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+    shape = (logit_lengths.shape[0],) if reduction == "none" else ()
+    loss = logits.new_empty(shape, dtype=_acc_dtype(logits.dtype))
     grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
     return loss, grad
 
@@ -230,14 +241,17 @@ def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     grad, logit_lengths, target_lengths = ctx.saved_tensors
     if grad.numel() == 0 and logit_lengths.numel() and int(logit_lengths.max()) > 0:
         raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
-    if ctx.packed:
-        grad_loss = _rows_scale(grad_loss, logit_lengths, target_lengths, grad.shape[0])
-    if torch.compiler.is_compiling():
-        out = scale_grad(grad, grad_loss, 0)
-    else:
-        scale_grad_(grad, grad_loss, 0)
-        out = grad
-    return out, None, None, None, None, None, None, None, None, None, None
+    nones = (None,) * 12
+    # The usual case, loss.backward() on a reduced loss (or .sum() of "none"): the
+    # incoming gradient is 1 and the saved gradient goes on as it is, so no second
+    # logits-sized tensor appears (an out-of-place product would double the peak).
+    # Not mutated, so retain_graph/gradcheck stay correct; whoever mutates it later
+    # (an in-place accumulation) bumps its version and autograd refuses to reuse it.
+    if not _is_traced(grad_loss) and bool((grad_loss == 1).all()):
+        return (grad, *nones)
+    B = logit_lengths.shape[0]
+    g = _batch_scale(grad_loss, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0])
+    return (scale_grad(grad, g, 0), *nones)
 
 
 rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)
@@ -252,6 +266,8 @@ def rnnt_loss_inplace(
     clamp: float,
     fused_log_softmax: bool,
     fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
     backend: str,
     validate: bool,
 ) -> Tensor:
@@ -269,20 +285,21 @@ def rnnt_loss_inplace(
             "run under torch.compile; use inplace_grad=False there"
         )
     return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
-                              fused_log_softmax, fastemit_lambda, backend, validate)
+                              fused_log_softmax, fastemit_lambda, reduction, zero_infinity,
+                              backend, validate)
 
 
 class _RNNTInplace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,  # noqa: ANN001, ANN205
-                fused_log_softmax, fastemit_lambda, backend, validate):
+                fused_log_softmax, fastemit_lambda, reduction, zero_infinity, backend, validate):
         compute_grad = logits.requires_grad
         loss, grad = rnnt_loss_impl(
             logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-            fastemit_lambda, backend, compute_grad, validate,
+            fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
             grad_buffer=logits if compute_grad else None,
         )
-        # Held on ctx, not saved: it is logits' own storage, already mutated.
+        # Held on ctx, not saved: it is logits' own storage, already overwritten.
         ctx.grad = grad.detach() if compute_grad else None
         ctx.packed = logits.dim() == 2
         ctx.lengths = (logit_lengths, target_lengths)
@@ -293,8 +310,11 @@ class _RNNTInplace(torch.autograd.Function):
         grad, ctx.grad = ctx.grad, None
         if grad is None:
             raise RuntimeError("seqloss: the in-place rnnt_loss gradient was already consumed "
-                               "(a second backward through the same graph is not possible)")
-        if ctx.packed:
-            grad_loss = _rows_scale(grad_loss, *ctx.lengths, grad.shape[0])
-        scale_grad_(grad, grad_loss, 0)
-        return grad, None, None, None, None, None, None, None, None, None
+                               "(one backward per forward with inplace_grad=True)")
+        if not bool((grad_loss == 1).all()):
+            g = _batch_scale(grad_loss, ctx.lengths[0].shape[0], ctx.packed, *ctx.lengths, grad.shape[0])
+            shape = [1] * grad.dim()
+            shape[0] = g.shape[0]
+            g = g.reshape(shape)
+            grad.mul_(g.float() if grad.dtype in (torch.float16, torch.bfloat16) else g.to(grad.dtype))
+        return (grad, *(None,) * 11)

@@ -9,7 +9,6 @@ from torch import Tensor
 
 from . import _ops, _validate
 from ._dispatch import resolve_backend
-from ._reduce import reduce_transducer
 from ._types import Reduction
 
 IntsLike = Tensor | Sequence[int]
@@ -74,14 +73,12 @@ def _loss(
     fused = bool(fused_log_softmax)
     if inplace_grad:
         loss = _ops.rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
-                                      name, bool(validate))
+                                      reduction, bool(zero_infinity), name, bool(validate))
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
         loss, _ = _ops.rnnt_loss_op(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
-                                    name, compute_grad, bool(validate))
-    if zero_infinity:
-        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    loss = reduce_transducer(loss, reduction)
+                                    reduction, bool(zero_infinity), name, compute_grad,
+                                    bool(validate))
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss

@@ -12,7 +12,7 @@ every transducer backend exposes with the same names and signatures
    (a *prologue*) and maps the arc occupations back to its own gradient (an
    *epilogue*).
 2. ``rnnt_loss_forward(logits, targets, logit_lengths, target_lengths, blank,
-   clamp, fused_log_softmax, fastemit_lambda, compute_grad, grad_buffer)
+   clamp, fused_log_softmax, fastemit_lambda, compute_grad, grad_buffer, grad_scale)
    -> (loss, grad)``: RNN-T = prologue + ``transducer_lattice`` + epilogue.
 
 The lattice
@@ -228,6 +228,7 @@ def rnnt_loss_forward(
     fastemit_lambda: float,
     compute_grad: bool,
     grad_buffer: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence RNN-T loss and its gradient (prologue + lattice + epilogue).
 
@@ -247,12 +248,14 @@ def rnnt_loss_forward(
         grad_buffer: optional tensor shaped and typed like ``logits`` to write the
             gradient into (may be ``logits`` itself: the in-place mode); ``None``
             allocates one.
+        grad_scale: multiplies the returned gradient after the clamp (the ``"mean"``
+            reduction's ``1/B``, folded in so the backward need not copy it).
 
     Returns:
         ``loss (B,)`` float32 (float64 for float64 input): ``-(1+λ) log p(y|x)``,
         ``+inf`` when infeasible (incl. ``T_b = 0``), NaN when a read logit is NaN or
         ``+inf``. ``grad`` shaped and typed like ``logits``: ``d loss_b / d logits``
-        with the clamp applied, zero on padding (``t >= T_b``, ``u > U_b``) and for
+        with the clamp applied, times ``grad_scale``, zero on padding (``t >= T_b``, ``u > U_b``) and for
         infeasible sequences, NaN on the read region of a NaN sequence.
 
     Fused gradient (per state ``(t, u)``, ``o_b``/``o_e`` the blank/emission
@@ -320,6 +323,8 @@ def rnnt_loss_forward(
         grad[:, :, :U].scatter_add_(3, idx, -oe[:, :, :U, None])
     if clamp > 0:
         grad = grad.clamp(-clamp, clamp)
+    if grad_scale != 1.0:
+        grad = grad * grad_scale
     grad = torch.where(valid[..., None], grad, 0.0)
     grad = torch.where((bad[:, None, None] & valid)[..., None], NAN, grad)
     if packed:

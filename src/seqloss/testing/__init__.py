@@ -1,6 +1,6 @@
 """Test helpers shipped with seqloss: brute-force oracles, input factories, tolerances."""
 
-from .oracles import brute_force_ctc
+from .oracles import brute_force_ctc, brute_force_rnnt
 from .tolerance import assert_close_budget
 
-__all__ = ["assert_close_budget", "brute_force_ctc"]
+__all__ = ["assert_close_budget", "brute_force_ctc", "brute_force_rnnt"]

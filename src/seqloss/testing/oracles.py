@@ -43,3 +43,74 @@ def brute_force_ctc(
     if not scores:
         return log_probs.sum() * 0 + float("inf")
     return -torch.logsumexp(torch.stack(scores), dim=0)
+
+
+def brute_force_rnnt(
+    log_probs: torch.Tensor,
+    target: list[int] | tuple[int, ...],
+    blank: int,
+    *,
+    return_occupations: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RNN-T ``-log sum_paths prod exp(arc log-probs)`` by enumerating every lattice path.
+
+    A path through ``(t, u)``, ``0 <= t <= T``, ``0 <= u <= U``, from ``(0, 0)`` to
+    ``(T, U)``, is an interleaving of ``T`` blanks (``(t, u) -> (t + 1, u)``,
+    scored ``log_probs[t, u, blank]``) and ``U`` emissions (``(t, u) -> (t, u + 1)``,
+    scored ``log_probs[t, u, target[u]]``, only while ``t < T``), so it ends on a
+    blank. No recursion is involved.
+
+    Args:
+        log_probs: ``(T, U + 1, V)`` float64 for one sequence (may require grad).
+        target: the ``U`` labels.
+        blank: the blank index.
+        return_occupations: also return the arcs' posterior occupations,
+            ``occ_blank (T, U + 1)`` and ``occ_emit (T, U)`` (sums of path posteriors).
+
+    Returns:
+        Scalar loss (``+inf`` with no path, e.g. ``T = 0``), differentiable by
+        autograd when finite; with ``return_occupations``, ``(loss, occ_blank, occ_emit)``.
+    """
+    T, U1, _ = log_probs.shape
+    U = len(target)
+    assert U1 >= U + 1
+    target = [int(v) for v in target]
+    scores, arcs = [], []
+    if T > 0:
+        # The last move is a blank; choose where the U emissions go among the others.
+        for emit_pos in itertools.combinations(range(T - 1 + U), U):
+            emit_pos = set(emit_pos)
+            t = u = 0
+            terms, used = [], []
+            for k in range(T + U):
+                if k in emit_pos:
+                    terms.append(log_probs[t, u, target[u]])
+                    used.append(("e", t, u))
+                    u += 1
+                else:
+                    terms.append(log_probs[t, u, blank])
+                    used.append(("b", t, u))
+                    t += 1
+            scores.append(torch.stack(terms).sum())
+            arcs.append(used)
+    if not scores:
+        loss = log_probs.sum() * 0 + float("inf")
+        if return_occupations:
+            z = log_probs.new_zeros
+            return loss, z(T, U + 1), z(T, U)
+        return loss
+    s = torch.stack(scores)
+    loss = -torch.logsumexp(s, dim=0)
+    if not return_occupations:
+        return loss
+    post = torch.exp(s.detach() + loss.detach())
+    occ_b = log_probs.new_zeros(T, U + 1)
+    occ_e = log_probs.new_zeros(T, U)
+    if torch.isfinite(loss):
+        for p, used in zip(post.tolist(), arcs):
+            for kind, t, u in used:
+                if kind == "b":
+                    occ_b[t, u] += p
+                else:
+                    occ_e[t, u] += p
+    return loss, occ_b, occ_e

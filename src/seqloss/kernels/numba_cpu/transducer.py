@@ -52,6 +52,35 @@ def _lae(a, b):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
+def _alpha_rnnt(arc_blank, arc_emit, Tb, Ub, alpha):  # noqa: ANN001, ANN202
+    """``_alpha`` specialized to RNN-T's arcs (blank +1 frame, emission +0 frames)."""
+    alpha[0, 0] = 0.0
+    for u in range(1, Ub + 1):
+        alpha[0, u] = alpha[0, u - 1] + arc_emit[0, u - 1, 0] if Tb > 0 else NEG_INF
+    for t in range(1, Tb + 1):
+        alpha[t, 0] = alpha[t - 1, 0] + arc_blank[t - 1, 0, 0]
+        if t < Tb:
+            for u in range(1, Ub + 1):
+                alpha[t, u] = _lae(alpha[t - 1, u] + arc_blank[t - 1, u, 0],
+                                   alpha[t, u - 1] + arc_emit[t, u - 1, 0])
+        else:
+            for u in range(1, Ub + 1):
+                alpha[t, u] = alpha[t - 1, u] + arc_blank[t - 1, u, 0]
+
+
+@njit(cache=True, nogil=True)
+def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
+    """``_beta`` specialized to RNN-T's arcs."""
+    for u in range(Ub + 1):
+        beta[Tb, u] = NEG_INF
+    beta[Tb, Ub] = 0.0
+    for t in range(Tb - 1, -1, -1):
+        beta[t, Ub] = arc_blank[t, Ub, 0] + beta[t + 1, Ub]
+        for u in range(Ub - 1, -1, -1):
+            beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u], arc_emit[t, u, 0] + beta[t, u + 1])
+
+
+@njit(cache=True, nogil=True)
 def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, alpha):  # noqa: ANN001, ANN202
     """Forward variables of one sequence (states t <= Tb, u <= Ub)."""
     neg = arc_blank.dtype.type(NEG_INF)
@@ -102,13 +131,20 @@ def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, alpha, bet
     Updates: ``alpha[b, :T_b+1, :U_b+1]``, ``beta[b, :T_b+1, :U_b+1]``, ``ll[b]``.
     """
     B = Tl.shape[0]
+    rnnt = bd.shape[0] == 1 and ed.shape[0] == 1 and bd[0] == 1 and ed[0] == 0
     for job in prange(2 * B):
         b = job // 2
         if job % 2 == 0:
-            _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, alpha[b])
+            if rnnt:
+                _alpha_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b])
+            else:
+                _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, alpha[b])
             ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
         elif do_beta:
-            _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, beta[b])
+            if rnnt:
+                _beta_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b])
+            else:
+                _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, beta[b])
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -170,11 +206,31 @@ def transducer_lattice(
                                  ll.numpy(), compute_occupations)
     if not compute_occupations:
         return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+    if len(blank_durations) == 1 and len(emit_durations) == 1 and blank_durations[0] == 1 \
+            and emit_durations[0] == 0:
+        # RNN-T: vectorized exps in torch beat a Numba parallel region on this small
+        # (B, T, U+1) work (Numba's exp is scalar).
+        return ll, *_rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll)
     occ_b = torch.empty_like(ab)
     occ_e = torch.empty_like(ae)
     transducer_occupation_kernel(ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, alpha.numpy(), beta.numpy(),
                                  ll.numpy(), occ_b.numpy(), occ_e.numpy())
     return ll, occ_b, occ_e
+
+
+def _rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll):  # noqa: ANN001, ANN202
+    B, T, U1, _ = ab.shape
+    Tb = logit_lengths.cpu()[:, None, None]
+    Ub = target_lengths.cpu()[:, None, None]
+    tt = torch.arange(T)[None, :, None]
+    uu = torch.arange(U1)[None, None, :]
+    src = (tt < Tb) & (uu <= Ub) & (ll != NEG_INF)[:, None, None]
+    ll_safe = torch.where(ll == NEG_INF, 0.0, ll)[:, None, None]
+    a = alpha[:, :T] - ll_safe
+    occ_b = torch.where(src, torch.exp(a + ab[..., 0] + beta[:, 1 : T + 1]), 0.0)
+    beta_up = torch.cat([beta[:, :T, 1:], torch.full_like(beta[:, :T, :1], NEG_INF)], 2)
+    occ_e = torch.where(src & (uu < Ub), torch.exp(a + ae[..., 0] + beta_up), 0.0)
+    return occ_b[..., None], occ_e[..., None]
 
 
 # --------------------------------------------------------------------------- RNN-T
@@ -202,6 +258,7 @@ def rnnt_loss_forward(
     fastemit_lambda: float,
     compute_grad: bool,
     grad_buffer: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``seqloss.reference.transducer.rnnt_loss_forward``."""
     dtype = logits.dtype
@@ -222,11 +279,16 @@ def rnnt_loss_forward(
     grad = None
     if compute_grad:
         grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
-    arc_blank = torch.empty((B, T, U1, 1), dtype=acc)
-    arc_emit = torch.empty((B, T, U1, 1), dtype=acc)
-    # Per row: sum of exp(x - m) (fused), and the log normalizer m + log(sum).
+    # The lattice runs in float64 whatever the input: arc scores of -2e4 (logits of
+    # 1e4) keep their small parts, and Numba's scalar log/exp cost the same.
+    lat = torch.float64
+    arc_blank = torch.empty((B, T, U1, 1), dtype=lat)
+    arc_emit = torch.empty((B, T, U1, 1), dtype=lat)
+    # Per row: the shift m (the max, 0 for a row of -inf) and sum(exp(x - m)).
+    # Log-probs are (x - m) - log(sum), never x - (m + log(sum)): with logits of
+    # 1e4 the latter loses float32's last digits to the rounding of m + log(sum).
+    row_max = torch.empty((B, T, U1), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
-    log_z = torch.empty((B, T, U1), dtype=acc)
     bad = [False] * B
 
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
@@ -257,12 +319,16 @@ def rnnt_loss_forward(
             else:
                 s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
             row_sum[b, t0:t1, : ub + 1] = s
-            log_z[b, t0:t1, : ub + 1] = m + torch.log(s)
+            row_max[b, t0:t1, : ub + 1] = m
         bad[b] = any_bad
         if fused_log_softmax:
-            lz = log_z[b, :tb, : ub + 1]
-            xb = torch.where(lz == NEG_INF, NEG_INF, xb - lz)
-            xe = torch.where(lz[:, :ub] == NEG_INF, NEG_INF, xe - lz[:, :ub])
+            m = row_max[b, :tb, : ub + 1].to(lat)
+            s = row_sum[b, :tb, : ub + 1].to(lat)
+            ls = torch.log(s)
+            xb, xe = xb.to(lat), xe.to(lat)
+            # A row of -inf logits (s = 0) has no arc out of it.
+            xb = torch.where(s == 0, NEG_INF, (xb - m) - ls)
+            xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
         arc_blank[b, :tb, : ub + 1, 0] = xb
         arc_emit[b, :tb, :ub, 0] = xe
 
@@ -271,7 +337,7 @@ def rnnt_loss_forward(
         arc_blank, arc_emit, logit_lengths, target_lengths, (1,), (0,), compute_grad
     )
     scale = 1.0 + fastemit_lambda
-    loss = -ll * scale
+    loss = (-ll * scale).to(acc)
     if any(bad):
         loss = torch.where(torch.tensor(bad), NAN, loss)
     loss = loss.to(logits.device)
@@ -294,10 +360,12 @@ def rnnt_loss_forward(
         if llist[b] == NEG_INF:
             g.zero_()
             continue
-        ob = occ_b[b, :tb, : ub + 1, 0]
-        oe = occ_e[b, :tb, :ub, 0] * scale
-        if clamp > 0 and not fused_log_softmax:
-            ob, oe = ob.clamp(max=clamp), oe.clamp(max=clamp)
+        ob = occ_b[b, :tb, : ub + 1, 0].to(acc)
+        oe = (occ_e[b, :tb, :ub, 0] * scale).to(acc)
+        if not fused_log_softmax:
+            if clamp > 0:
+                ob, oe = ob.clamp(max=clamp), oe.clamp(max=clamp)
+            ob, oe = ob * grad_scale, oe * grad_scale
         idx = tg[b, :ub].to(g.device)[None, :, None]
         if fused_log_softmax:
             occ = ob.clone()
@@ -306,12 +374,11 @@ def rnnt_loss_forward(
             # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)).
             w = torch.where(s > 0, occ / s, 0.0)
             x = _seq_view(logits, b, tb, ub, offs[b]) if half else None
-            lz = log_z[b, :tb, : ub + 1] if half else None
+            m = row_max[b, :tb, : ub + 1]
             for t0, t1 in _chunks(tb, ub, V):
                 if half:
-                    gc = torch.exp(x[t0:t1].to(acc) - lz[t0:t1, :, None])
-                    gc = torch.where(torch.isnan(gc), 0.0, gc)  # rows of -inf
-                    gc.mul_(occ[t0:t1, :, None])
+                    gc = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
+                    gc.mul_(w[t0:t1, :, None])
                 else:
                     gc = g[t0:t1]
                     gc.mul_(w[t0:t1, :, None].to(gc.dtype))
@@ -321,6 +388,8 @@ def rnnt_loss_forward(
                                             -oe[t0:t1, :, None].to(gc.dtype))
                 if clamp > 0:
                     gc.clamp_(-clamp, clamp)
+                if grad_scale != 1.0:
+                    gc.mul_(grad_scale)
                 if half:
                     g[t0:t1].copy_(gc)
         else:
