@@ -1,0 +1,602 @@
+r"""Transducer lattice and RNN-T loss with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
+
+Implements the kernel interface documented in ``seqloss.reference.transducer``
+(``transducer_lattice`` and ``rnnt_loss_forward``, same signatures and semantics).
+
+Launches, in stream order (each phase is its own launch, so no program ever
+reads what another program of the same launch writes):
+
+``transducer_lattice``
+    1. ``transducer_alpha_beta_kernel``, grid ``(B, 2)``: program ``(b, 0)`` runs the
+       forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
+       concurrently (they share nothing); each walks the anti-diagonals
+       ``n = t + u`` with the diagonal's states in the lanes and stores them to its
+       own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
+    2. ``transducer_occupation_kernel``: one program per block of states
+       ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``.
+
+``rnnt_loss_forward`` (prologue, core, epilogue)
+    1. ``rnnt_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of
+       the joint; one read of the logits: online log-sum-exp over blocks of ``V``
+       (fused only), the blank and target scores gathered into the arc grids
+       (as log-probabilities), and a per-row NaN/``+inf`` flag.
+    2. ``transducer_alpha_beta_kernel`` as above, with RNN-T's arcs.
+    3. ``rnnt_grad_kernel``: one program per block of rows, one more read of the
+       logits and one write of the gradient: the two arc occupations of the row
+       (from alpha, beta, the arcs and ``log p``), then
+       ``softmax * (o_b + (1+λ) o_e) - o_b [blank] - (1+λ) o_e [target]``, clamp,
+       ``grad_scale``, dtype cast; NaN on a poisoned sequence's rows, 0 on padding
+       and infeasible sequences. Each element is written by exactly one program
+       (no atomics: deterministic), after the same program (the same lane) read
+       it, so the gradient may overwrite the logits (the in-place mode).
+
+No logits-sized temporary: the log-softmax is never materialized (the
+normalizers are ``(B, T, U+1)``), and the gradient is the only logits-sized
+output (none with ``grad_buffer=logits``).
+
+Accumulation in float32 (float64 for float64 input); half inputs are cast at
+load (the interpreter keeps bfloat16 as raw integers and cannot compute on it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from .ctc import _state_warps
+
+__all__ = ["rnnt_loss_forward", "transducer_lattice"]
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+
+# --------------------------------------------------------------------------- helpers
+@triton.jit
+def _occupation(b_a, b_arc, b_beta, b_ll, m):
+    """``exp(alpha + arc + beta(destination) - log p)`` on ``m``, else exactly 0."""
+    b_ll = tl.where(m, b_ll, 0.0)
+    return tl.where(m, tl.exp(tl.where(m, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+
+
+@triton.jit
+def _row_offset(i_b, i_t, i_u, U_b, off_ptr, m, s_b, s_t, s_u, PACKED: tl.constexpr):
+    """Element offset of row ``(b, t, u)``: padded ``(B, T, U+1, .)`` or packed ``(N, .)``.
+
+    Packed: sequence ``b``'s rows start at ``off[b]`` in ``(t, u)`` row-major order and
+    ``s_b`` is the row stride (``s_t``, ``s_u`` unused).
+    """
+    if PACKED:
+        off = tl.load(off_ptr + i_b, mask=m, other=0)
+        return (off + i_t * (U_b + 1) + i_u) * s_b
+    else:
+        return i_b * s_b + i_t * s_t + i_u * s_u
+
+
+# --------------------------------------------------------------------------- lattice
+@triton.jit
+def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
+                s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d,
+                NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n - u, u)``)."""
+    tl.store(p_a + o_u, tl.zeros([BLOCK_U], ACC), mask=o_u == 0)
+    tl.debug_barrier()
+    # Each state is an online log-sum-exp over its incoming arcs, kept as
+    # exp(m) * (1 + r): m the largest term so far, r >= 0 the others relative to it.
+    # A new term v either adds exp(v - m) to r or becomes the maximum (r rescaled
+    # by exp(m - v)); the result is m + log1p(r). Carrying r rather than 1 + r keeps
+    # the small contributions' digits (the two-term case is exactly
+    # max + log1p(exp(min - max))). -inf is an exact zero: the shift is 0 while
+    # every term is -inf (no -inf - -inf), and m = -inf, r = 0 gives -inf.
+    # log1p(r) = log(1 + r) * r / ((1 + r) - 1) (Goldberg, 1991, Thm. 4): exact to
+    # a few ulps with any correctly rounded log; Triton has no log1p of its own.
+    # Written out rather than as a @triton.jit helper: the interpreter re-patches
+    # the language module on every nested call (milliseconds), which dominated.
+    for n in range(1, T_b + U_b + 1):
+        t = n - o_u
+        m_st = (o_u <= U_b) & (t >= 0) & (t <= T_b)
+        b_m = tl.full([BLOCK_U], float("-inf"), ACC)
+        b_r = tl.zeros([BLOCK_U], ACC)
+        for i in tl.static_range(NB):
+            ts = t - tl.load(bd_ptr + i)
+            m_a = m_st & (ts >= 0)
+            b_v = tl.load(p_a + ts * U1 + o_u, mask=m_a, other=float("-inf")) + tl.load(
+                p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        for j in tl.static_range(NE):
+            ts = t - tl.load(ed_ptr + j)
+            # An emission never lands on the last frame T_b (the utterance ends on a blank).
+            m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
+            b_v = tl.load(p_a + ts * U1 + o_u - 1, mask=m_a, other=float("-inf")) + tl.load(
+                p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        b_u = 1.0 + b_r
+        one = b_u == 1.0
+        b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
+        tl.store(p_a + t * U1 + o_u, b_val, mask=m_st)
+        tl.debug_barrier()
+    b_ll = tl.load(p_a + T_b * U1 + U_b)
+    # No frame, no path (alpha(0, 0) = 0 is the empty path, not a transduction).
+    tl.store(ll_ptr + i_b, tl.where(T_b > 0, b_ll, float("-inf")))
+
+
+@triton.jit
+def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
+               s_ab_t, s_ab_d, s_ae_t, s_ae_d,
+               NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Backward variables of one sequence, diagonals from ``T_b + U_b`` down to 0."""
+    for k in range(0, T_b + U_b + 1):
+        n = T_b + U_b - k
+        t = n - o_u
+        m_st = (o_u <= U_b) & (t >= 0) & (t <= T_b)
+        m_src = m_st & (t < T_b)  # arcs leave frames t < T_b only
+        b_m = tl.full([BLOCK_U], float("-inf"), ACC)
+        b_r = tl.zeros([BLOCK_U], ACC)
+        for i in tl.static_range(NB):
+            td = t + tl.load(bd_ptr + i)
+            m_a = m_src & (td <= T_b)
+            b_v = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
+                p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        for j in tl.static_range(NE):
+            td = t + tl.load(ed_ptr + j)
+            m_a = m_src & (o_u < U_b) & (td < T_b)
+            b_v = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
+                p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        b_u = 1.0 + b_r
+        one = b_u == 1.0
+        b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
+        # Last frame: only the final state (T_b, U_b) is an end (beta = 0).
+        b_val = tl.where(t == T_b, tl.where(o_u == U_b, 0.0, float("-inf")), b_val)
+        tl.store(p_b + t * U1 + o_u, b_val, mask=m_st)
+        tl.debug_barrier()
+
+
+@triton.jit
+def transducer_alpha_beta_kernel(
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr,
+    T, U1,
+    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
+    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
+
+    Anti-diagonal ``n = t + u`` holds the states ``(n - u, u)``, one per lane ``u``::
+
+        alpha(t, u) = logsumexp_i (alpha(t - d_i, u) + arc_blank[t - d_i, u, i])
+                         (+) logsumexp_j (alpha(t - d_j, u - 1) + arc_emit[t - d_j, u - 1, j])
+        beta(t, u)  = logsumexp_i (arc_blank[t, u, i] + beta(t + d_i, u))
+                         (+) logsumexp_j (arc_emit[t, u, j] + beta(t + d_j, u + 1))
+
+    (arc conditions as in ``seqloss.reference.transducer``). Every arc advances
+    ``t + u`` by ``d + (emission)`` >= 1, so a diagonal depends only on earlier
+    diagonals (later ones for beta), possibly several back when durations exceed 1.
+
+    Race-freedom on a GPU: the predecessors of a lane's state live in other lanes
+    (other threads), so each diagonal goes through the program's own scratch in
+    global memory. (1) No other program touches it: one program per (sequence,
+    direction), and alpha and beta have separate scratch. (2) Each state is stored
+    exactly once, on its diagonal, and the loads of diagonal ``n`` address only
+    diagonals stored at earlier iterations, each of which ended with
+    ``tl.debug_barrier()`` (``bar.sync``: the CTA's earlier global stores are
+    visible to all its threads after it). Arcs reaching back several diagonals
+    (durations > 1) read states stored several barriers ago, which are never
+    rewritten. So there is no read-after-write race (the barrier) and no
+    write-after-read one (no slot is reused).
+
+    Updates:
+        alpha (B, T+1, U+1): ``log_alpha`` of the states ``t <= T_b``, ``u <= U_b``.
+        beta (B, T+1, U+1): ``log_beta`` of the same states (programs ``(b, 1)``).
+        ll (B,): ``alpha(T_b, U_b)``, ``-inf`` when ``T_b = 0``.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_b = tl.program_id(0).to(tl.int64)
+    i_dir = tl.program_id(1)
+    T_b = tl.load(il_ptr + i_b)
+    U_b = tl.load(tl_ptr + i_b)
+    o_u = tl.arange(0, BLOCK_U)
+    p_ab = ab_ptr + i_b * s_ab_b + o_u * s_ab_u
+    p_ae = ae_ptr + i_b * s_ae_b + o_u * s_ae_u
+    o_seq = i_b * (T + 1) * U1
+    if i_dir == 0:
+        _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1, o_u,
+                    s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d, NB, NE, ACC, BLOCK_U)
+    else:
+        _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1, o_u,
+                   s_ab_t, s_ab_d, s_ae_t, s_ae_d, NB, NE, ACC, BLOCK_U)
+
+
+@triton.jit
+def transducer_occupation_kernel(
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr, ob_ptr, oe_ptr,
+    B, T, U1,
+    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
+    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Arc occupations of a block of ``BLOCK_R`` states ``r = (b * T + t) * (U+1) + u``.
+
+    ``occ = exp(alpha(t, u) + arc + beta(destination) - log p)`` on the arcs that
+    exist (source ``t < T_b``, ``u <= U_b``; blank lands at ``t + d <= T_b``; emission
+    needs ``u < U_b`` and lands at ``t + d < T_b``) of feasible sequences, else 0.
+
+    Updates:
+        occ_blank (B, T, U+1, NB), occ_emit (B, T, U+1, NE) (contiguous): every entry.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < B * T * U1
+    i_b = i_r // (T * U1)
+    i_t = (i_r // U1) % T
+    i_u = i_r % U1
+    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+    b_ll = tl.load(ll_ptr + i_b, mask=m_r, other=float("-inf"))
+    m_src = m_r & (i_t < T_b) & (i_u <= U_b) & (b_ll != float("-inf"))
+    o_seq = i_b * (T + 1) * U1
+    b_a = tl.load(alpha_ptr + o_seq + i_t * U1 + i_u, mask=m_src, other=float("-inf"))
+    for i in tl.static_range(NB):
+        td = i_t + tl.load(bd_ptr + i)
+        m_a = m_src & (td <= T_b)
+        b_arc = tl.load(ab_ptr + i_b * s_ab_b + i_t * s_ab_t + i_u * s_ab_u + i * s_ab_d,
+                        mask=m_a, other=float("-inf")).to(ACC)
+        b_beta = tl.load(beta_ptr + o_seq + td * U1 + i_u, mask=m_a, other=float("-inf"))
+        tl.store(ob_ptr + i_r * NB + i, _occupation(b_a, b_arc, b_beta, b_ll, m_a), mask=m_r)
+    for j in tl.static_range(NE):
+        td = i_t + tl.load(ed_ptr + j)
+        m_a = m_src & (i_u < U_b) & (td < T_b)
+        b_arc = tl.load(ae_ptr + i_b * s_ae_b + i_t * s_ae_t + i_u * s_ae_u + j * s_ae_d,
+                        mask=m_a, other=float("-inf")).to(ACC)
+        b_beta = tl.load(beta_ptr + o_seq + td * U1 + i_u + 1, mask=m_a, other=float("-inf"))
+        tl.store(oe_ptr + i_r * NE + j, _occupation(b_a, b_arc, b_beta, b_ll, m_a), mask=m_r)
+
+
+# --------------------------------------------------------------------------- RNN-T
+@triton.jit
+def rnnt_normalizer_kernel(
+    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, lz_ptr, bad_ptr,
+    B, T, U1, V,
+    sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
+    blank,
+    PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """The RNN-T prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+
+    One read of the rows that sequence ``b`` reads (``t < T_b``, ``u <= U_b``):
+    ``log_z = logsumexp_v x[v]`` online over blocks of ``BLOCK_V`` classes (fused
+    only), the arc scores ``x[blank] - log_z`` and ``x[y_{u+1}] - log_z`` (``u < U_b``;
+    not fused: ``x[blank]``, ``x[y_{u+1}]``), and whether the row holds a NaN or
+    ``+inf``. Such a row's values are replaced by ``-inf`` (its sequence's results
+    are NaN anyway), so nothing downstream computes on them. A row of ``-inf``
+    logits has ``log_z = -inf`` and no arc out of it.
+
+    Updates:
+        arc_blank (B, T, U+1), log_z (B, T, U+1): read rows.
+        arc_emit (B, T, U+1): read rows with ``u < U_b``.
+        bad (B, T, U+1) int8: every row (0 off the read region).
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < B * T * U1
+    i_b = i_r // (T * U1)
+    i_t = (i_r // U1) % T
+    i_u = i_r % U1
+    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+    m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+    p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sx_b, sx_t, sx_u, PACKED)
+
+    b_m = tl.full([BLOCK_R], float("-inf"), ACC)
+    b_s = tl.zeros([BLOCK_R], ACC)
+    b_bad = tl.zeros([BLOCK_R], tl.int32)
+    # Blocks with no read row (padding, or the packed grid's holes) skip the loop.
+    n_v = tl.where(tl.max(m_row.to(tl.int32), axis=0) > 0, V, 0)
+    for v0 in range(0, n_v, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_x = m_row[:, None] & (o_v < V)[None, :]
+        b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_x, other=float("-inf")).to(ACC)
+        is_bad = (b_x != b_x) | (b_x == float("inf"))
+        b_bad = tl.maximum(b_bad, tl.max(is_bad.to(tl.int32), axis=1))
+        if FUSED:
+            b_x = tl.where(is_bad, float("-inf"), b_x)
+            b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
+            shift = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
+            b_m = b_new
+    m_bad = b_bad > 0
+
+    m_e = m_row & (i_u < U_b)
+    b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=0)
+    b_xb = tl.load(p_x + blank * sx_v, mask=m_row, other=float("-inf")).to(ACC)
+    b_xe = tl.load(p_x + b_y * sx_v, mask=m_e, other=float("-inf")).to(ACC)
+    if FUSED:
+        none = b_m == float("-inf")
+        b_lz = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)) + b_m)
+        b_lz = tl.where(m_bad, 0.0, b_lz)
+        b_xb = tl.where(none, float("-inf"), b_xb - tl.where(none, 0.0, b_lz))
+        b_xe = tl.where(none, float("-inf"), b_xe - tl.where(none, 0.0, b_lz))
+        tl.store(lz_ptr + i_r, b_lz, mask=m_row)
+    b_xb = tl.where(m_bad, float("-inf"), b_xb)
+    b_xe = tl.where(m_bad, float("-inf"), b_xe)
+    tl.store(ab_ptr + i_r, b_xb, mask=m_row)
+    tl.store(ae_ptr + i_r, b_xe, mask=m_e)
+    tl.store(bad_ptr + i_r, b_bad.to(tl.int8), mask=m_r)
+
+
+@triton.jit
+def rnnt_grad_kernel(
+    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, lz_ptr,
+    alpha_ptr, beta_ptr, ll_ptr, bad_ptr, par_ptr,
+    B, T, U1, V,
+    sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v, s_tg_b, s_tg_u,
+    blank,
+    PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """The RNN-T epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+
+    The row's arc occupations (blank ``(t, u) -> (t+1, u)``, emission
+    ``(t, u) -> (t, u+1)``)::
+
+        o_b = exp(alpha(t, u) + arc_blank[t, u] + beta(t+1, u) - log p)
+        o_e = (1 + λ) exp(alpha(t, u) + arc_emit[t, u] + beta(t, u+1) - log p)   (u < U_b)
+
+    then, over blocks of ``BLOCK_V`` classes, the gradient (fused: with respect to
+    the logits; else to the log-probabilities)::
+
+        g[v] = softmax(x)[v] (o_b + o_e) - o_b [v = blank] - o_e [v = y_{u+1}]   (fused)
+        g[v] =                          - o_b [v = blank] - o_e [v = y_{u+1}]   (not fused)
+
+    clamped to ``[-clamp, clamp]`` (``HAS_CLAMP``), times ``grad_scale``, rounded once
+    to the gradient's dtype. Rows of a sequence with a NaN/``+inf`` logit: NaN; rows
+    of an infeasible sequence and padding rows: 0. Each element is loaded and
+    stored by the same lane of this program only, so ``g`` may alias ``x``.
+
+    Updates:
+        grad: padded: every row of the tensor; packed: every row of the grid's sequences.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    # Scalars in the accumulation dtype (a Python float argument would be float32).
+    clamp = tl.load(par_ptr)
+    emit_scale = tl.load(par_ptr + 1)
+    grad_scale = tl.load(par_ptr + 2)
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < B * T * U1
+    i_b = i_r // (T * U1)
+    i_t = (i_r // U1) % T
+    i_u = i_r % U1
+    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+    m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+    b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
+    b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0) != 0
+    m_nan = m_row & b_bad
+    m_occ = m_row & (~b_bad) & (b_ll != float("-inf"))
+    m_e = m_occ & (i_u < U_b)
+
+    o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
+    b_a = tl.load(alpha_ptr + o_st, mask=m_occ, other=float("-inf"))
+    b_ob = _occupation(b_a, tl.load(ab_ptr + i_r, mask=m_occ, other=float("-inf")),
+                       tl.load(beta_ptr + o_st + U1, mask=m_occ, other=float("-inf")), b_ll, m_occ)
+    b_oe = _occupation(b_a, tl.load(ae_ptr + i_r, mask=m_e, other=float("-inf")),
+                       tl.load(beta_ptr + o_st + 1, mask=m_e, other=float("-inf")), b_ll, m_e)
+    b_oe = b_oe * emit_scale
+    b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=-1)
+    if FUSED:
+        b_lz = tl.load(lz_ptr + i_r, mask=m_occ, other=0.0)
+        m_lz = b_lz != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
+        b_lz = tl.where(m_lz, b_lz, 0.0)
+        b_w = b_ob + b_oe
+    p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_occ, sx_b, sx_t, sx_u, PACKED)
+    p_g = g_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sg_b, sg_t, sg_u, PACKED)
+    # Padded: every row of the tensor is written (zeros on padding). Packed: the
+    # grid's rows past a sequence's lengths are no rows of the tensor.
+    if PACKED:
+        m_st = m_row
+    else:
+        m_st = m_r
+    n_v = tl.where(tl.max(m_st.to(tl.int32), axis=0) > 0, V, 0)
+    for v0 in range(0, n_v, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_v = (o_v < V)[None, :]
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_occ[:, None] & m_v,
+                          other=float("-inf")).to(ACC)
+            b_g = tl.where(m_lz[:, None], tl.exp(b_x - b_lz[:, None]), 0.0) * b_w[:, None]
+        else:
+            b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
+        b_g = b_g - tl.where(o_v[None, :] == blank, b_ob[:, None], 0.0)
+        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe[:, None], 0.0)
+        if HAS_CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        b_g = b_g * grad_scale
+        b_g = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_g, 0.0))
+        tl.store(p_g[:, None] + o_v[None, :] * sg_v, b_g, mask=m_st[:, None] & m_v)
+
+
+# --------------------------------------------------------------------------- launchers
+_DURATIONS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _durations(durations: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The durations as an int64 device tensor, cached (no host-to-device copy per call)."""
+    key = (tuple(int(d) for d in durations), device)
+    t = _DURATIONS.get(key)
+    if t is None:
+        t = torch.tensor(key[0] or (0,), dtype=torch.int64, device=device)
+        _DURATIONS[key] = t
+    return t
+
+
+def _device_guard(x: torch.Tensor):  # noqa: ANN202
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _row_blocks(V: int) -> tuple[int, int]:
+    block_v = min(triton.next_power_of_2(max(V, 1)), 1024)
+    return max(1, min(64, 4096 // block_v)), block_v
+
+
+def transducer_alpha_beta(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    il: torch.Tensor,
+    tlen: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    do_beta: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch ``transducer_alpha_beta_kernel``: ``(ll (B,), alpha, beta)`` (beta: alpha if not ``do_beta``).
+
+    ``il``, ``tlen``: int64 on the arcs' device; ``T >= 1``, ``B >= 1``.
+    """
+    B, T, U1, _ = arc_blank.shape
+    dt = arc_blank.dtype
+    device = arc_blank.device
+    alpha = torch.empty((B, T + 1, U1), dtype=dt, device=device)
+    beta = torch.empty((B, T + 1, U1), dtype=dt, device=device) if do_beta else alpha
+    ll = torch.empty((B,), dtype=dt, device=device)
+    block_u = max(16, triton.next_power_of_2(U1))
+    # A zero-size arc axis has no usable strides; nothing is loaded from it.
+    ae = arc_emit if arc_emit.numel() else arc_blank
+    transducer_alpha_beta_kernel[(B, 2 if do_beta else 1)](
+        arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
+        il, tlen, alpha, beta, ll, T, U1, *arc_blank.stride(), *ae.stride(),
+        NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
+        BLOCK_U=block_u, num_warps=_state_warps(block_u),
+    )
+    return ll, alpha, beta
+
+
+def transducer_lattice(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    compute_occupations: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.reference.transducer.transducer_lattice``."""
+    B, T, U1, _ = arc_blank.shape
+    dt = arc_blank.dtype
+    device = arc_blank.device
+    if B == 0 or T == 0:
+        ll = torch.full((B,), NEG_INF, dtype=dt, device=device)
+        if not compute_occupations:
+            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        return ll, torch.zeros_like(arc_blank), torch.zeros_like(arc_emit)
+    il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    with _device_guard(arc_blank):
+        ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen, blank_durations,
+                                                emit_durations, compute_occupations)
+        if not compute_occupations:
+            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        occ_b = torch.empty(arc_blank.shape, dtype=dt, device=device)
+        occ_e = torch.empty(arc_emit.shape, dtype=dt, device=device)
+        ae = arc_emit if arc_emit.numel() else arc_blank
+        block_r = 256
+        transducer_occupation_kernel[(triton.cdiv(B * T * U1, block_r),)](
+            arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
+            il, tlen, alpha, beta, ll, occ_b, occ_e, B, T, U1, *arc_blank.stride(), *ae.stride(),
+            NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
+            BLOCK_R=block_r,
+        )
+    return ll, occ_b, occ_e
+
+
+def rnnt_loss_forward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    compute_grad: bool,
+    grad_buffer: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """See ``seqloss.reference.transducer.rnnt_loss_forward``."""
+    device = logits.device
+    fp64 = logits.dtype == torch.float64
+    acc = torch.float64 if fp64 else torch.float32
+    packed = logits.dim() == 2
+    V = logits.shape[-1]
+    il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    B = il.shape[0]
+    if packed:
+        # The packed layout needs its grid's extent on the host (validation synced already).
+        T = int(il.max()) if B else 0
+        U1 = int(tlen.max()) + 1 if B else 1
+        rows = il * (tlen + 1)
+        off = (torch.cumsum(rows, 0) - rows).contiguous()
+        sx = (logits.stride(0), 0, 0, logits.stride(1))
+    else:
+        _, T, U1, _ = logits.shape
+        off = il  # unused
+        sx = logits.stride()
+    grad = None
+    if compute_grad:
+        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
+    if B == 0 or T == 0 or U1 == 0:
+        # No frame anywhere: every sequence is infeasible and nothing is read.
+        loss = torch.full((B,), float("inf"), dtype=acc, device=device)
+        if grad is None:
+            return loss, logits.new_empty(0)
+        return loss, grad.zero_()
+
+    tg = targets.to(device=device, dtype=torch.int64)
+    if tg.shape[1] == 0:
+        tg = torch.zeros((B, 1), dtype=torch.int64, device=device)  # never read
+    block_r, block_v = _row_blocks(V)
+    grid = (triton.cdiv(B * T * U1, block_r),)
+    with _device_guard(logits):
+        arc_blank = torch.empty((B, T, U1), dtype=acc, device=device)
+        arc_emit = torch.empty((B, T, U1), dtype=acc, device=device)
+        log_z = torch.empty((B, T, U1), dtype=acc, device=device) if fused_log_softmax else arc_blank
+        row_bad = torch.empty((B, T, U1), dtype=torch.int8, device=device)
+        rnnt_normalizer_kernel[grid](
+            logits, tg, il, tlen, off, arc_blank, arc_emit, log_z, row_bad,
+            B, T, U1, V, *sx, *tg.stride(), blank,
+            PACKED=packed, FUSED=fused_log_softmax, FP64=fp64, BLOCK_R=block_r, BLOCK_V=block_v,
+        )
+        ll, alpha, beta = transducer_alpha_beta(arc_blank[..., None], arc_emit[..., None], il, tlen,
+                                                (1,), (0,), compute_grad)
+        bad = row_bad.view(B, -1).amax(1) > 0
+        scale = 1.0 + fastemit_lambda
+        loss = torch.where(bad, NAN, -ll * scale)
+        if grad is None:
+            return loss, logits.new_empty(0)
+
+        sg = (grad.stride(0), 0, 0, grad.stride(1)) if packed else grad.stride()
+        # Device-side fills (no host-to-device copy, no sync).
+        par = torch.full((3,), float(clamp), dtype=acc, device=device)
+        par[1] = scale
+        par[2] = float(grad_scale)
+        rnnt_grad_kernel[grid](
+            logits, grad, tg, il, tlen, off, arc_blank, arc_emit, log_z, alpha, beta, ll,
+            bad.to(torch.int8), par, B, T, U1, V, *sx, *sg, *tg.stride(), blank,
+            PACKED=packed, FUSED=fused_log_softmax, HAS_CLAMP=clamp > 0, FP64=fp64,
+            BLOCK_R=block_r, BLOCK_V=block_v,
+        )
+    return loss, grad
