@@ -233,6 +233,9 @@ def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_so
 
 
 def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
+    # The gradient output gets no incoming gradient: do not let autograd materialize
+    # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
+    ctx.set_materialize_grads(False)
     ctx.packed = inputs[0].dim() == 2
     ctx.save_for_backward(output[1], inputs[2], inputs[3])
 
@@ -242,6 +245,8 @@ def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     if grad.numel() == 0 and logit_lengths.numel() and int(logit_lengths.max()) > 0:
         raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
     nones = (None,) * 12
+    if grad_loss is None:  # only the (non-differentiable) gradient output was used
+        return (None, *nones)
     # The usual case, loss.backward() on a reduced loss (or .sum() of "none"): the
     # incoming gradient is 1 and the saved gradient goes on as it is, so no second
     # logits-sized tensor appears (an out-of-place product would double the peak).

@@ -29,9 +29,9 @@ from numba import njit, prange
 
 NEG_INF = float("-inf")
 NAN = float("nan")
-# Elements per chunk of a sequence's logits: a few MiB, so a chunk written by
+# Elements per chunk of a sequence's logits (16 MiB in float32, within L3): a chunk written by
 # one pass is still in cache for the next (L2/L3-sized on current x86 parts).
-CHUNK_ELEMS = 1 << 19
+CHUNK_ELEMS = 1 << 22
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
