@@ -34,8 +34,10 @@ No logits-sized temporary: the log-softmax is never materialized (the
 normalizers are ``(B, T, U+1)``), and the gradient is the only logits-sized
 output (none with ``grad_buffer=logits``).
 
-Accumulation in float32 (float64 for float64 input); half inputs are cast at
-load (the interpreter keeps bfloat16 as raw integers and cannot compute on it).
+Accumulation: ``transducer_lattice`` in the arcs' dtype; ``rnnt_loss_forward`` runs
+its logits-sized passes in float32 (float64 for float64 input) and its lattice in
+float64 (see there). Half inputs are cast at load (the interpreter keeps bfloat16
+as raw integers and cannot compute on it).
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ def _occupation(b_a, b_arc, b_beta, b_ll, m):
     """``exp(alpha + arc + beta(destination) - log p)`` on ``m``, else exactly 0."""
     b_ll = tl.where(m, b_ll, 0.0)
     return tl.where(m, tl.exp(tl.where(m, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+
+
+@triton.jit
+def _round_bf16(x):
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), still as float32.
+
+    Compiled Triton casts float32 to bfloat16 with round-to-nearest-even, but the
+    interpreter truncates; after this rounding both casts are exact, so the CPU
+    results equal the GPU ones and torch's ``.to(torch.bfloat16)``. (Inf stays inf,
+    NaN stays NaN: the carry never leaves an all-ones exponent.)
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -269,7 +285,7 @@ def transducer_occupation_kernel(
 # --------------------------------------------------------------------------- RNN-T
 @triton.jit
 def rnnt_normalizer_kernel(
-    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, lz_ptr, bad_ptr,
+    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, nz_ptr, bad_ptr,
     B, T, U1, V,
     sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
     blank,
@@ -279,19 +295,25 @@ def rnnt_normalizer_kernel(
     """The RNN-T prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
 
     One read of the rows that sequence ``b`` reads (``t < T_b``, ``u <= U_b``):
-    ``log_z = logsumexp_v x[v]`` online over blocks of ``BLOCK_V`` classes (fused
-    only), the arc scores ``x[blank] - log_z`` and ``x[y_{u+1}] - log_z`` (``u < U_b``;
-    not fused: ``x[blank]``, ``x[y_{u+1}]``), and whether the row holds a NaN or
-    ``+inf``. Such a row's values are replaced by ``-inf`` (its sequence's results
-    are NaN anyway), so nothing downstream computes on them. A row of ``-inf``
-    logits has ``log_z = -inf`` and no arc out of it.
+    the normalizer ``log_z = m + log(s)``, ``m = max_v x[v]``, ``s = sum_v exp(x[v] - m)``,
+    online over blocks of ``BLOCK_V`` classes (fused only), the arc scores
+    ``(x[blank] - m) - log(s)`` and ``(x[y_{u+1}] - m) - log(s)`` (``u < U_b``; not
+    fused: ``x[blank]``, ``x[y_{u+1}]``), and whether the row holds a NaN or ``+inf``.
+    ``m`` and ``log(s)`` are kept apart, never summed, and the arc scores are formed
+    in the lattice's dtype (float64): with logits of ``1e4`` a float32 ``m + log(s)``
+    would round away the last digits of every log-probability. A poisoned
+    row's values are replaced by ``-inf`` (its sequence's results are NaN anyway),
+    so nothing downstream computes on them. A row of ``-inf`` logits (``s = 0``) has
+    no arc out of it.
 
     Updates:
-        arc_blank (B, T, U+1), log_z (B, T, U+1): read rows.
+        arc_blank (B, T, U+1): read rows.
+        norm (B, T, U+1, 2): ``(m, log s)`` of read rows (``m = 0`` for a row of ``-inf``).
         arc_emit (B, T, U+1): read rows with ``u < U_b``.
         bad (B, T, U+1) int8: every row (0 off the read region).
     """
     ACC = tl.float64 if FP64 else tl.float32
+    LAT = ab_ptr.dtype.element_ty  # the lattice's dtype (float64)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < B * T * U1
     i_b = i_r // (T * U1)
@@ -323,15 +345,19 @@ def rnnt_normalizer_kernel(
 
     m_e = m_row & (i_u < U_b)
     b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=0)
-    b_xb = tl.load(p_x + blank * sx_v, mask=m_row, other=float("-inf")).to(ACC)
-    b_xe = tl.load(p_x + b_y * sx_v, mask=m_e, other=float("-inf")).to(ACC)
+    b_xb = tl.load(p_x + blank * sx_v, mask=m_row, other=float("-inf")).to(LAT)
+    b_xe = tl.load(p_x + b_y * sx_v, mask=m_e, other=float("-inf")).to(LAT)
     if FUSED:
         none = b_m == float("-inf")
-        b_lz = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)) + b_m)
-        b_lz = tl.where(m_bad, 0.0, b_lz)
-        b_xb = tl.where(none, float("-inf"), b_xb - tl.where(none, 0.0, b_lz))
-        b_xe = tl.where(none, float("-inf"), b_xe - tl.where(none, 0.0, b_lz))
-        tl.store(lz_ptr + i_r, b_lz, mask=m_row)
+        b_m = tl.where(none | m_bad, 0.0, b_m)
+        b_ls = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)))
+        b_ls = tl.where(m_bad, 0.0, b_ls)
+        b_ml = b_m.to(LAT)
+        b_lsl = tl.where(none, 0.0, b_ls).to(LAT)
+        b_xb = tl.where(none, float("-inf"), (b_xb - b_ml) - b_lsl)
+        b_xe = tl.where(none, float("-inf"), (b_xe - b_ml) - b_lsl)
+        tl.store(nz_ptr + 2 * i_r, b_m, mask=m_row)
+        tl.store(nz_ptr + 2 * i_r + 1, b_ls, mask=m_row)
     b_xb = tl.where(m_bad, float("-inf"), b_xb)
     b_xe = tl.where(m_bad, float("-inf"), b_xe)
     tl.store(ab_ptr + i_r, b_xb, mask=m_row)
@@ -341,13 +367,13 @@ def rnnt_normalizer_kernel(
 
 @triton.jit
 def rnnt_grad_kernel(
-    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, lz_ptr,
+    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, nz_ptr,
     alpha_ptr, beta_ptr, ll_ptr, bad_ptr, par_ptr,
     B, T, U1, V,
     sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v, s_tg_b, s_tg_u,
     blank,
     PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """The RNN-T epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
 
@@ -396,12 +422,15 @@ def rnnt_grad_kernel(
                        tl.load(beta_ptr + o_st + U1, mask=m_occ, other=float("-inf")), b_ll, m_occ)
     b_oe = _occupation(b_a, tl.load(ae_ptr + i_r, mask=m_e, other=float("-inf")),
                        tl.load(beta_ptr + o_st + 1, mask=m_e, other=float("-inf")), b_ll, m_e)
-    b_oe = b_oe * emit_scale
+    # Occupations are formed in the lattice's dtype, then rounded once.
+    b_ob = b_ob.to(ACC)
+    b_oe = b_oe.to(ACC) * emit_scale
     b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=-1)
     if FUSED:
-        b_lz = tl.load(lz_ptr + i_r, mask=m_occ, other=0.0)
-        m_lz = b_lz != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
-        b_lz = tl.where(m_lz, b_lz, 0.0)
+        b_nm = tl.load(nz_ptr + 2 * i_r, mask=m_occ, other=0.0)
+        b_ls = tl.load(nz_ptr + 2 * i_r + 1, mask=m_occ, other=0.0)
+        m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
+        b_ls = tl.where(m_lz, b_ls, 0.0)
         b_w = b_ob + b_oe
     p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_occ, sx_b, sx_t, sx_u, PACKED)
     p_g = g_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sg_b, sg_t, sg_u, PACKED)
@@ -418,7 +447,8 @@ def rnnt_grad_kernel(
         if FUSED:
             b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_occ[:, None] & m_v,
                           other=float("-inf")).to(ACC)
-            b_g = tl.where(m_lz[:, None], tl.exp(b_x - b_lz[:, None]), 0.0) * b_w[:, None]
+            b_p = tl.exp((b_x - b_nm[:, None]) - b_ls[:, None])  # softmax, as the arcs
+            b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
         else:
             b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
         b_g = b_g - tl.where(o_v[None, :] == blank, b_ob[:, None], 0.0)
@@ -427,6 +457,8 @@ def rnnt_grad_kernel(
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
         b_g = b_g * grad_scale
         b_g = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_g, 0.0))
+        if BF16_OUT:
+            b_g = _round_bf16(b_g)
         tl.store(p_g[:, None] + o_v[None, :] * sg_v, b_g, mask=m_st[:, None] & m_v)
 
 
@@ -544,6 +576,12 @@ def rnnt_loss_forward(
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     B = il.shape[0]
+    # The lattice runs in float64 whatever the input (as the Numba backend's): a path
+    # through arcs of -2e4 (logits of 1e4) has alpha, beta and log p near -2e4, where
+    # float32's ulp (0.002) would be the occupations' relative error. The lattice is
+    # O(B T U) work, latency-bound (one barrier per diagonal), so float64 costs little
+    # there; the logits-sized passes stay in float32.
+    lat = torch.float64
     if packed:
         # The packed layout needs its grid's extent on the host (validation synced already).
         T = int(il.max()) if B else 0
@@ -571,12 +609,12 @@ def rnnt_loss_forward(
     block_r, block_v = _row_blocks(V)
     grid = (triton.cdiv(B * T * U1, block_r),)
     with _device_guard(logits):
-        arc_blank = torch.empty((B, T, U1), dtype=acc, device=device)
-        arc_emit = torch.empty((B, T, U1), dtype=acc, device=device)
-        log_z = torch.empty((B, T, U1), dtype=acc, device=device) if fused_log_softmax else arc_blank
+        arc_blank = torch.empty((B, T, U1), dtype=lat, device=device)
+        arc_emit = torch.empty((B, T, U1), dtype=lat, device=device)
+        norm = torch.empty((B, T, U1, 2), dtype=acc, device=device) if fused_log_softmax else arc_blank
         row_bad = torch.empty((B, T, U1), dtype=torch.int8, device=device)
         rnnt_normalizer_kernel[grid](
-            logits, tg, il, tlen, off, arc_blank, arc_emit, log_z, row_bad,
+            logits, tg, il, tlen, off, arc_blank, arc_emit, norm, row_bad,
             B, T, U1, V, *sx, *tg.stride(), blank,
             PACKED=packed, FUSED=fused_log_softmax, FP64=fp64, BLOCK_R=block_r, BLOCK_V=block_v,
         )
@@ -584,7 +622,7 @@ def rnnt_loss_forward(
                                                 (1,), (0,), compute_grad)
         bad = row_bad.view(B, -1).amax(1) > 0
         scale = 1.0 + fastemit_lambda
-        loss = torch.where(bad, NAN, -ll * scale)
+        loss = torch.where(bad, NAN, -ll * scale).to(acc)
         if grad is None:
             return loss, logits.new_empty(0)
 
@@ -594,9 +632,13 @@ def rnnt_loss_forward(
         par[1] = scale
         par[2] = float(grad_scale)
         rnnt_grad_kernel[grid](
-            logits, grad, tg, il, tlen, off, arc_blank, arc_emit, log_z, alpha, beta, ll,
+            logits, grad, tg, il, tlen, off, arc_blank, arc_emit, norm, alpha, beta, ll,
             bad.to(torch.int8), par, B, T, U1, V, *sx, *sg, *tg.stride(), blank,
             PACKED=packed, FUSED=fused_log_softmax, HAS_CLAMP=clamp > 0, FP64=fp64,
-            BLOCK_R=block_r, BLOCK_V=block_v,
+            BF16_OUT=grad.dtype == torch.bfloat16, BLOCK_R=block_r, BLOCK_V=block_v,
         )
+    if grad_buffer is not None:
+        # The kernel wrote through a raw pointer: tell autograd that the buffer (maybe
+        # the logits themselves) changed, so a node that saved it refuses to backward.
+        torch.autograd.graph.increment_version(grad_buffer)
     return loss, grad
