@@ -61,7 +61,9 @@ def poison_nonfinite(
     The contract is per sequence: any NaN/``+inf`` in a frame before the
     sequence's length, whatever the class, poisons that sequence only; padding
     frames keep exactly zero gradient. ``amax`` propagates NaN, so one reduction
-    over the class axis finds both.
+    over the class axis finds both. ``grad`` (the kernel's own fresh tensor) is
+    updated in place. On CPU the masking is skipped when nothing is bad; on CUDA it
+    always runs, so no device-to-host sync happens here.
     """
     frame_max = log_probs.amax(dim=-1)  # time and batch axes remain
     if time_dim > batch_dim:
@@ -70,14 +72,14 @@ def poison_nonfinite(
     valid = torch.arange(T, device=frame_max.device)[:, None] < lengths.to(frame_max.device)[None, :]
     frame_bad = ~(frame_max < float("inf")) & valid
     bad = frame_bad.any(dim=0)
-    if not bool(bad.any()):
+    if log_probs.device.type == "cpu" and not bool(bad.any()):
         return loss, grad
-    loss = torch.where(bad, torch.full_like(loss, NAN), loss)
+    loss = loss.masked_fill(bad, NAN)
     if grad.numel():
         m = valid & bad[None, :]
         if time_dim > batch_dim:
             m = m.transpose(0, 1)
-        grad = torch.where(m.unsqueeze(-1), torch.full_like(grad, NAN), grad)
+        grad.masked_fill_(m.unsqueeze(-1), NAN)
     return loss, grad
 
 
@@ -90,14 +92,19 @@ def ctc_loss_op(
     target_lengths: Tensor,
     blank: int,
     fused_log_softmax: bool,
+    reduction: str,
+    zero_infinity: bool,
     backend: str,
     compute_grad: bool,
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Per-sequence CTC loss ``(B,)`` and its gradient ``(T, B, C)`` (or empty).
+    """CTC loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
 
     ``log_probs (T, B, C)``; ``targets`` padded ``(B, S)`` or concatenated 1-D;
-    lengths ``(B,)`` int64. Shapes and dtypes were checked by the caller.
+    lengths ``(B,)`` int64. Shapes and dtypes were checked by the caller. The
+    gradient ``(T, B, C)`` (empty unless ``compute_grad``) already includes the
+    reduction's per-sequence scaling, so ``loss.backward()`` hands it on as it is
+    (no second logits-sized tensor).
     """
     T, B, C = log_probs.shape
     padded = _validate.ctc_values(
@@ -107,27 +114,55 @@ def ctc_loss_op(
     loss, grad = kern.ctc_loss_forward(
         log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax, compute_grad
     )
-    return poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
+    loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
+    if zero_infinity:
+        # The gradient of an impossible alignment is already exactly zero.
+        loss = loss.masked_fill(loss == float("inf"), 0.0)
+    if reduction == "mean":
+        w = 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
+        if grad.numel():
+            grad.mul_(w.to(grad.dtype)[None, :, None] if grad.dtype != torch.float64 else w[None, :, None])
+        return (loss * w).sum(), grad
+    if reduction == "sum":
+        return loss.sum(), grad
+    return loss, grad
 
 
 @ctc_loss_op.register_fake
-def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, backend,
-      compute_grad, validate):  # noqa: ANN001
+def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
+      zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
     T, B, C = log_probs.shape
-    loss = log_probs.new_empty((B,), dtype=_acc_dtype(log_probs.dtype))
+    shape = (B,) if reduction == "none" else ()
+    loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
     grad = log_probs.new_empty((T, B, C)) if compute_grad else log_probs.new_empty((0,))
     return loss, grad
 
 
 def _ctc_setup(ctx, inputs, output):  # noqa: ANN001
+    # No zeros for the (non-differentiable) gradient output's incoming gradient.
+    ctx.set_materialize_grads(False)
+    ctx.validate = inputs[-1]
     ctx.save_for_backward(output[1])
 
 
 def _ctc_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     (grad,) = ctx.saved_tensors
-    if grad.numel() == 0:
+    nones = (None,) * 10
+    if grad_loss is None:
+        return (None, *nones)
+    if grad.numel() == 0 and grad_loss.numel():
         raise RuntimeError("seqloss: ctc_loss was called with compute_grad=False")
-    return scale_grad(grad, grad_loss, 1), None, None, None, None, None, None, None, None
+    # loss.backward() on a reduced loss: the incoming gradient is 1 and the saved
+    # gradient goes on as it is (not mutated, so retain_graph and gradcheck stay
+    # correct). Anything else is scaled out of place. The check reads a value (a
+    # sync on CUDA): validate=False skips it, as it skips the other value checks.
+    # Under create_graph the scaling goes through scale_grad, whose own backward
+    # raises the clear double-backward error.
+    if (ctx.validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
+            and bool((grad_loss == 1).all())):
+        return (grad, *nones)
+    g = grad_loss.expand(grad.shape[1]) if grad_loss.dim() == 0 else grad_loss
+    return (scale_grad(grad, g, 1), *nones)
 
 
 ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)

@@ -9,7 +9,6 @@ from torch import Tensor
 
 from . import _ops, _validate
 from ._dispatch import resolve_backend
-from ._reduce import reduce_ctc
 from ._types import Reduction
 
 IntsLike = Tensor | Sequence[int] | int
@@ -85,15 +84,13 @@ def ctc_loss(
     device = log_probs.device
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and log_probs.requires_grad
+    # Unbatched input gives a scalar for every reduction (torch's behaviour); with
+    # one sequence "sum" is that scalar and "mean" divides it by max(L, 1).
+    op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
     loss, _ = _ops.ctc_loss_op(
-        log_probs, tg, il, tl, blank, bool(fused_log_softmax), name, compute_grad, bool(validate)
+        log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
+        name, compute_grad, bool(validate),
     )
-    if zero_infinity:
-        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    if unbatched:
-        loss = loss[0] if reduction != "mean" else loss[0] / tl[0].clamp(min=1).to(loss.dtype)
-    else:
-        loss = reduce_ctc(loss, tl, reduction)
     if log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)
     return loss
