@@ -226,10 +226,12 @@ def _rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll):  
     uu = torch.arange(U1)[None, None, :]
     src = (tt < Tb) & (uu <= Ub) & (ll != NEG_INF)[:, None, None]
     ll_safe = torch.where(ll == NEG_INF, 0.0, ll)[:, None, None]
-    a = alpha[:, :T] - ll_safe
-    occ_b = torch.where(src, torch.exp(a + ab[..., 0] + beta[:, 1 : T + 1]), 0.0)
-    beta_up = torch.cat([beta[:, :T, 1:], torch.full_like(beta[:, :T, :1], NEG_INF)], 2)
-    occ_e = torch.where(src & (uu < Ub), torch.exp(a + ae[..., 0] + beta_up), 0.0)
+    # In place, a few (B, T, U+1) tensors at most: with a small V they are not negligible.
+    occ_b = alpha[:, :T] - ll_safe
+    occ_e = occ_b.clone()
+    occ_b.add_(ab[..., 0]).add_(beta[:, 1 : T + 1]).exp_().masked_fill_(~src, 0.0)
+    occ_e[:, :, : U1 - 1].add_(ae[:, :, : U1 - 1, 0]).add_(beta[:, :T, 1:]).exp_()
+    occ_e.masked_fill_(~(src & (uu < Ub)), 0.0)
     return occ_b[..., None], occ_e[..., None]
 
 
@@ -336,6 +338,7 @@ def rnnt_loss_forward(
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, logit_lengths, target_lengths, (1,), (0,), compute_grad
     )
+    del arc_blank, arc_emit
     scale = 1.0 + fastemit_lambda
     loss = (-ll * scale).to(acc)
     if any(bad):
