@@ -118,3 +118,24 @@ def test_grad_clamp_composes_with_ctc():
     g = lp.grad.clamp(-0.05, 0.05)
     want = g - lp.detach().exp() * g.sum(-1, keepdim=True)
     torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
+
+
+def test_rnnt_double_backward_raises():
+    x = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
+    loss = seqloss.rnnt_loss(x, torch.tensor([[1, 2], [1, 1]]), torch.tensor([5, 4]),
+                             torch.tensor([2, 1]), backend="reference")
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_retain_graph_backward_twice_is_exact(reduction):
+    x, tg, il, tl = _ctc_inputs(8)
+    x = x.double().requires_grad_()
+    loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, fused_log_softmax=True,
+                            backend="reference")
+    w = torch.tensor([0.5, 2.0], dtype=torch.float64) if reduction == "none" else None
+    (g1,) = torch.autograd.grad(loss, x, grad_outputs=w, retain_graph=True)
+    (g2,) = torch.autograd.grad(loss, x, grad_outputs=w)
+    assert torch.equal(g1, g2)

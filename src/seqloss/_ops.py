@@ -272,6 +272,7 @@ def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
     # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
     ctx.set_materialize_grads(False)
     ctx.packed = inputs[0].dim() == 2
+    ctx.validate = inputs[-1]
     ctx.save_for_backward(output[1], inputs[2], inputs[3])
 
 
@@ -287,7 +288,11 @@ def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     # logits-sized tensor appears (an out-of-place product would double the peak).
     # Not mutated, so retain_graph/gradcheck stay correct; whoever mutates it later
     # (an in-place accumulation) bumps its version and autograd refuses to reuse it.
-    if not _is_traced(grad_loss) and bool((grad_loss == 1).all()):
+    # The check reads a value (a sync on CUDA): validate=False skips it, as it skips
+    # the other value checks. Under create_graph the scaling goes through scale_grad,
+    # whose own backward raises the clear double-backward error.
+    if (ctx.validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
+            and bool((grad_loss == 1).all())):
         return (grad, *nones)
     B = logit_lengths.shape[0]
     g = _batch_scale(grad_loss, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0])
