@@ -136,7 +136,7 @@ def compare_with_torch(model: D.TinyCTC, batch: D.Batch, backend: str, console: 
         else:
             loss = seqloss.ctc_loss(lp, *args, blank=D.BLANK, reduction="mean", backend=backend)
         loss.backward()
-        return float(loss), x.grad
+        return float(loss.detach()), x.grad
 
     (ls, gs), (lt, gt) = run("seqloss"), run("torch")
     _heading(console, f"The same batch (T, B, C = {tuple(logits.shape)}), through log_softmax, "
