@@ -85,6 +85,18 @@ def test_long_sequences(fused):
     assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+def test_wide_band_stays_on_fast_path(fused):
+    # Long alignments: alpha's and beta's spread across the band exceeds float64's
+    # ~708 nats (the band's edges are forced paths), but not within a block of
+    # states, so the per-block exponents keep every sequence on the fast path.
+    x, tg, il, tl = _inputs(900, 2, 60, 180, seed=11, scale=1.0, min_frac=0.95)
+    tl[:] = torch.tensor([180, 170])
+    lp = x if fused else x.log_softmax(-1)
+    status = _check(lp, tg, il, tl, fused, rtol=1e-12, gatol=1e-10)
+    assert status == ["fast", "fast"]
+
+
 def test_lengths_vary_widely():
     T, B = 120, 8
     x, tg, _, _ = _inputs(T, B, 9, 50, seed=7, scale=1.5)

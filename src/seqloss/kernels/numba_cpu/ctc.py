@@ -12,8 +12,15 @@ One parallel loop over the batch (``prange``); one sequence per iteration:
    ``exp`` per logit, and the softmax row is written straight into the
    gradient (``softmax - occupation`` needs it anyway).
 2. ``alpha`` forward and ``beta'`` (excluding the frame's own emission)
-   backward as multiply-adds in the probability domain, each frame rescaled by
-   its sum; ``log p = sum_t (M_t + log z_t) + log(alpha_hat[T_b-1, final])``.
+   backward as multiply-adds in the probability domain. The states are cut in
+   blocks of ``BW`` labels (``2 BW`` states); each block of each frame carries
+   its own binary exponent (``value = stored * 2**k``, the stored block
+   rescaled every frame so its maximum lies in [1, 2), an exact power-of-two
+   multiply), and the one state a block reads from its neighbour is converted
+   between exponents. So only the spread of values *within a block* must fit
+   float64's range, not the spread across the whole band (which exceeds 708
+   nats on long alignments: the band's edges are single forced paths);
+   ``log p = sum_t M_t + log(alpha[T_b-1, final])`` with the exponents.
    Only the band of states that are reachable from the start and can still
    reach the end (``K - 2 (T_b - t) <= s <= 2 t + 1``) is computed: the others
    never contribute, so they can be dropped exactly.
@@ -24,9 +31,13 @@ One parallel loop over the batch (``prange``); one sequence per iteration:
 Exactness. The probability domain is exact (to float64 rounding) as long as
 no nonzero quantity falls below float64's normal range, so every product and
 every rescaled state is checked: an emission more than 708 nats below its
-frame's best label, a product ``w * e`` or a rescaled state below ``2**-1020``
-while its factors are nonzero, a frame whose ``sum(alpha_hat * beta_hat')``
-is below ``2**-1000``, or a zero likelihood, sends the sequence to the
+frame's best label, a product ``w * e``, a rescaled state or a state fed by
+a neighbour block below ``2**-1020`` while its inputs are nonzero, two
+neighbouring blocks more than ``2**1000`` apart, a frame whose
+``sum(alpha * beta')`` (relative to its largest block exponent) is below
+``2**-1000``, or a zero likelihood, sends the sequence to the
+extended-range path (``_ctc_ext_one``: a mantissa and an int64 exponent per
+value, exact for any finite input), and a non-finite input on to the
 log-space kernel (``_ctc_log_one``, libm ``exp``/``log`` per state, guarded
 ``logaddexp``, float64), which is the exact algorithm of the reference. Exact
 zeros (``-inf`` log-probabilities, ``exp(-inf) == 0``) are not underflow and
@@ -225,6 +236,25 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad):
 
 
 # --------------------------------------------------------------------------- probability domain
+
+# Probability-domain block exponents: labels per block, and the exponent of an all-zero block.
+BW = 16
+KZ = -(1 << 40)
+_LN2 = 0.6931471805599453
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _p2(d):
+    """``2.0**d`` for an int64 ``d``, clamped to ``[-1023, 1000]`` (0 below ``-1022``)."""
+    dd = min(max(d, -1023), 1000)
+    return np.int64((dd + 1023) << 52).view(np.float64)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _expo(m):
+    """Binary exponent of a positive normal float64 (``m = mantissa * 2**e``, mantissa in [1, 2))."""
+    return ((np.float64(m).view(np.int64) >> 52) & 0x7FF) - 1023
+
 @njit(cache=True, error_model="numpy")
 def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss):
     """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
@@ -278,26 +308,29 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     sk = np.zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
     for i in range(1, Lb):
         sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
+    nb = (nl + BW - 1) // BW
 
-    # ---- alpha (scaled), band [lo, hi] of states only; storage zero outside the band
+    # ---- alpha: band [lo, hi] of states only (storage zero outside it); block j
+    # (labels jBW..jBW+BW-1, even and odd states) of frame t is AE/AO * 2**KA[t, j].
     AE = np.zeros((Tb, nl))  # even states 2i (blank)
     AO = np.zeros((Tb, no))  # odd states 2i+1 (label i+1)
+    KA = np.full((Tb, nb), KZ, np.int64)
     lo = max(0, K - 2 * Tb)
-    z = 0.0
     if lo == 0:
         AE[0, 0] = E[0, 0]
-        z += E[0, 0]
     if K > 1:
         AO[0, 0] = E[0, 1]
-        z += E[0, 1]
-    if not z > 0.0:
+    m = max(AE[0, 0], AO[0, 0])
+    if not m > 0.0:
         return FALLBACK
-    inv = 1.0 / z
-    AE[0, 0] *= inv
-    AO[0, 0] *= inv
+    e0 = _expo(m)
+    sc = _p2(-e0)
+    AE[0, 0] *= sc
+    AO[0, 0] *= sc
+    KA[0, 0] = e0
     if (AE[0, 0] > 0.0 and AE[0, 0] < TINY) or (AO[0, 0] > 0.0 and AO[0, 0] < TINY):
         return FALLBACK
-    logscale = logM[0] + math.log(z)
+    logscale = logM[0]
     for t in range(1, Tb):
         lo = max(0, K - 2 * (Tb - t))
         hi = min(K - 1, 2 * t + 1)
@@ -307,84 +340,126 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
         ap_o = AO[t - 1]
         an_e = AE[t]
         an_o = AO[t]
+        kp = KA[t - 1]
+        kn = KA[t]
         eb = E[t, 0]
         el = E[t]
         nbad = 0
-        i = ie0
-        if i == 0:
-            w = ap_e[0]
-            v = w * eb
-            an_e[0] = v
-            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
-            i = 1
-        for i in range(max(ie0, 1), ie1 + 1):
-            w = ap_e[i] + ap_o[i - 1]
-            v = w * eb
-            an_e[i] = v
-            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
-        if io0 == 0 and io1 >= 0:
-            w = ap_o[0] + ap_e[0]
-            e = el[1]
-            v = w * e
-            an_o[0] = v
-            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
-        for i in range(max(io0, 1), io1 + 1):
-            w = ap_o[i] + ap_e[i] + sk[i] * ap_o[i - 1]
-            e = el[i + 1]
-            v = w * e
-            an_o[i] = v
-            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+        for j in range(min(ie0, io0) // BW, max(ie1, io1) // BW + 1):
+            base = j * BW
+            # block j is computed at its exponent of t - 1 (an all-zero block: its
+            # lower neighbour's); the lower neighbour's last odd state enters scaled by f
+            kl = kp[j - 1] if j > 0 else KZ
+            kj = kp[j] if kp[j] != KZ else (kl if kl != KZ else 0)
+            f = 0.0
+            if kl != KZ:
+                nbad += (kl - kj) > 1000
+                f = _p2(kl - kj)
+            m = 0.0
+            a0 = max(ie0, base)
+            a1 = min(ie1, base + BW - 1)
+            if a0 == 0 and a1 >= 0:
+                w = ap_e[0]
+                v = w * eb
+                an_e[0] = v
+                nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
+                m = max(m, v)
+                a0 = 1
+            for i in range(a0, a1 + 1):
+                po = ap_o[i - 1]
+                w = ap_e[i] + po * (f if i == base else 1.0)
+                v = w * eb
+                an_e[i] = v
+                nbad += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
+                m = max(m, v)
+            b0 = max(io0, base)
+            b1 = min(io1, base + BW - 1)
+            if b0 == 0 and b1 >= 0:
+                w = ap_o[0] + ap_e[0]
+                e = el[1]
+                v = w * e
+                an_o[0] = v
+                nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+                m = max(m, v)
+                b0 = 1
+            for i in range(b0, b1 + 1):
+                po = sk[i] * ap_o[i - 1]
+                w = ap_o[i] + ap_e[i] + po * (f if i == base else 1.0)
+                e = el[i + 1]
+                v = w * e
+                an_o[i] = v
+                nbad += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
+                m = max(m, v)
+            if m > 0.0:
+                ex_ = _expo(m)
+                sc = _p2(-ex_)
+                kn[j] = kj + ex_
+                for i in range(max(ie0, base), a1 + 1):
+                    v = an_e[i]
+                    u = v * sc
+                    an_e[i] = u
+                    nbad += (v > 0.0) & (u < TINY)
+                for i in range(max(io0, base), b1 + 1):
+                    v = an_o[i]
+                    u = v * sc
+                    an_o[i] = u
+                    nbad += (v > 0.0) & (u < TINY)
         if nbad:
             return FALLBACK
-        z = 0.0
-        for i in range(ie0, ie1 + 1):
-            z += an_e[i]
-        for i in range(io0, io1 + 1):
-            z += an_o[i]
-        if not z > 0.0:
-            return FALLBACK
-        inv = 1.0 / z
-        for i in range(ie0, ie1 + 1):
-            u = an_e[i] * inv
-            an_e[i] = u
-            nbad += (u > 0.0) & (u < TINY)
-        for i in range(io0, io1 + 1):
-            u = an_o[i] * inv
-            an_o[i] = u
-            nbad += (u > 0.0) & (u < TINY)
-        if nbad:
-            return FALLBACK
-        logscale += logM[t] + math.log(z)
-    pf = AE[Tb - 1, Lb] + (AO[Tb - 1, Lb - 1] if Lb >= 1 else 0.0)
-    if not pf > 0.0:
+        logscale += logM[t]
+    v1 = AE[Tb - 1, Lb]
+    k1 = KA[Tb - 1, Lb // BW] if v1 > 0.0 else KZ
+    v2 = AO[Tb - 1, Lb - 1] if Lb >= 1 else 0.0
+    k2 = KA[Tb - 1, (Lb - 1) // BW] if v2 > 0.0 else KZ
+    kk = max(k1, k2)
+    if kk == KZ:
         return FALLBACK
-    out_loss[b] = -(logscale + math.log(pf))
+    pf = v1 * _p2(k1 - kk) + v2 * _p2(k2 - kk)
+    out_loss[b] = -(logscale + math.log(pf) + kk * _LN2)
     if not compute_grad:
         return FAST
 
-    # ---- beta' (scaled, excluding the frame's own emission) and the occupation
+    # ---- beta' (excluding the frame's own emission), block exponents KB; occupation
     be = np.zeros(nl)
     bo = np.zeros(no)
     be2 = np.zeros(nl)
     bo2 = np.zeros(no)
     ie_ = np.zeros(nl + 1)  # emission-inclusive beta at t, one spare zero past the end
     io_ = np.zeros(no + 1)
+    KB = np.full(nb, KZ, np.int64)
+    KB2 = np.full(nb, KZ, np.int64)
+    fb = np.zeros(nb)
     be[Lb] = 1.0
+    KB[Lb // BW] = 0
     if Lb >= 1:
         bo[Lb - 1] = 1.0
+        KB[(Lb - 1) // BW] = 0
     for t in range(Tb - 1, -1, -1):
         lo = max(0, K - 2 * (Tb - t))
         hi = min(K - 1, 2 * t + 1)
         ie0, ie1 = (lo + 1) // 2, hi // 2
         io0, io1 = lo // 2, (hi - 1) // 2
+        j0 = min(ie0, io0) // BW
+        j1 = max(ie1, io1) // BW
         a_e = AE[t]
         a_o = AO[t]
+        ka = KA[t]
+        kmax = KZ
+        for j in range(j0, j1 + 1):
+            if ka[j] != KZ and KB[j] != KZ:
+                kmax = max(kmax, ka[j] + KB[j])
+        if kmax == KZ:
+            return FALLBACK
+        for j in range(j0, j1 + 1):
+            fb[j] = _p2(ka[j] + KB[j] - kmax) if (ka[j] != KZ and KB[j] != KZ) else 0.0
         ze = 0.0
-        for i in range(ie0, ie1 + 1):
-            ze += a_e[i] * be[i]
         zo = 0.0
-        for i in range(io0, io1 + 1):
-            zo += a_o[i] * bo[i]
+        for j in range(j0, j1 + 1):
+            fj = fb[j]
+            for i in range(max(ie0, j * BW), min(ie1, j * BW + BW - 1) + 1):
+                ze += a_e[i] * be[i] * fj
+            for i in range(max(io0, j * BW), min(io1, j * BW + BW - 1) + 1):
+                zo += a_o[i] * bo[i] * fj
         Z = ze + zo
         if not Z >= Z_MIN:
             return FALLBACK
@@ -394,7 +469,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
             g[:] = 0.0
         g[lab[0]] -= ze * invZ
         for i in range(io0, io1 + 1):
-            g[lab[i + 1]] -= a_o[i] * bo[i] * invZ
+            g[lab[i + 1]] -= a_o[i] * bo[i] * (fb[i // BW] * invZ)
         if t == 0:
             break
         # emission-inclusive beta at t over the band of t, then beta' at t - 1
@@ -412,36 +487,56 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
             v = bv * e
             io_[i] = v
             nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
-        if nbad:
-            return FALLBACK
+        KB2[:] = KZ
         lo = max(0, K - 2 * (Tb - t + 1))
         hi = min(K - 1, 2 * t - 1)
         je0, je1 = (lo + 1) // 2, hi // 2
         jo0, jo1 = lo // 2, (hi - 1) // 2
-        zb = 0.0
-        for i in range(je0, je1 + 1):
-            v = ie_[i] + (io_[i] if i < Lb else 0.0)
-            be2[i] = v
-            zb += v
-        for i in range(jo0, jo1 + 1):
-            v = io_[i] + ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
-            bo2[i] = v
-            zb += v
-        if not zb > 0.0:
-            return FALLBACK
-        inv = 1.0 / zb
-        for i in range(je0, je1 + 1):
-            u = be2[i] * inv
-            be2[i] = u
-            nbad += (u > 0.0) & (u < TINY)
-        for i in range(jo0, jo1 + 1):
-            u = bo2[i] * inv
-            bo2[i] = u
-            nbad += (u > 0.0) & (u < TINY)
+        for j in range(min(je0, jo0) // BW, max(je1, jo1) // BW + 1):
+            base = j * BW
+            top = base + BW - 1
+            # at the exponent of t (an all-zero block: its upper neighbour's); the upper
+            # neighbour's first states enter scaled by f
+            ku = KB[j + 1] if j + 1 < nb else KZ
+            kj = KB[j] if KB[j] != KZ else (ku if ku != KZ else 0)
+            f = 0.0
+            if ku != KZ:
+                nbad += (ku - kj) > 1000
+                f = _p2(ku - kj)
+            m = 0.0
+            a0 = max(je0, base)
+            a1 = min(je1, top)
+            for i in range(a0, a1 + 1):
+                v = ie_[i] + (io_[i] if i < Lb else 0.0)
+                be2[i] = v
+                m = max(m, v)
+            b0 = max(jo0, base)
+            b1 = min(jo1, top)
+            for i in range(b0, b1 + 1):
+                po = ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
+                v = io_[i] + po * (f if i == top else 1.0)
+                bo2[i] = v
+                nbad += (po > 0.0) & (v < TINY)
+                m = max(m, v)
+            if m > 0.0:
+                ex_ = _expo(m)
+                sc = _p2(-ex_)
+                KB2[j] = kj + ex_
+                for i in range(a0, a1 + 1):
+                    v = be2[i]
+                    u = v * sc
+                    be2[i] = u
+                    nbad += (v > 0.0) & (u < TINY)
+                for i in range(b0, b1 + 1):
+                    v = bo2[i]
+                    u = v * sc
+                    bo2[i] = u
+                    nbad += (v > 0.0) & (u < TINY)
         if nbad:
             return FALLBACK
         be, be2 = be2, be
         bo, bo2 = bo2, bo
+        KB, KB2 = KB2, KB
     return FAST
 
 
