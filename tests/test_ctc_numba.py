@@ -138,14 +138,34 @@ def test_noncontiguous_layouts(dtype):
         assert torch.equal(loss, ref_l) and torch.equal(grad, ref_g)
 
 
-def test_threads_follow_torch():
-    import numba
+def test_threads_follow_torch_and_do_not_change_results():
+    import threading
 
     old = torch.get_num_threads()
+    x, tg, il, tl = _inputs(40, 6, 5, 6, seed=10)
+    lp = x.log_softmax(-1)
+    seen = set()
+    real = nk._ctc_seq
+
+    def spy(*args):
+        seen.add(threading.current_thread().name)
+        return real(*args)
+
     try:
-        torch.set_num_threads(1)
-        x, tg, il, tl = _inputs(10, 3, 5, 3, seed=10)
-        nk.ctc_loss_forward(x.log_softmax(-1), tg, il, tl, 0, False, False)
-        assert numba.get_num_threads() == 1
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            seen.clear()
+            nk._ctc_seq = spy
+            outs.append(nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True))
+            nk._ctc_seq = real
+            # One thread: the caller's; more: the pool's workers (how many of them pick
+            # up work depends on the schedule, the results must not).
+            if n == 1:
+                assert seen == {threading.current_thread().name}
+            else:
+                assert seen and all(name.startswith("seqloss-ctc") for name in seen), seen
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     finally:
+        nk._ctc_seq = real
         torch.set_num_threads(old)

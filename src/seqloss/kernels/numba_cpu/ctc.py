@@ -3,7 +3,7 @@ r"""CTC on CPU in Numba: probability-domain recursions, exact log-space fallback
 Implements ``ctc_loss_forward`` with exactly the interface and semantics of
 ``seqloss.reference.ctc.ctc_loss_forward`` (see its docstring).
 
-One parallel loop over the batch (``prange``); one sequence per iteration:
+The batch runs on a thread pool (GIL-free Numba functions); per sequence:
 
 1. Emissions. For each frame ``t < T_b`` the log-probabilities of the
    sequence's ``L_b + 1`` labels (blank first) are gathered, ``M_t`` = their
@@ -58,11 +58,11 @@ thread that runs it.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
 
 NEG_INF = -np.inf
 INF = np.inf
@@ -739,49 +739,66 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     return FAST
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
-def _ctc_kernel(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode):
-    """CTC loss (and gradient) of every sequence; one sequence per ``prange`` iteration.
+@njit(nogil=True, cache=True, error_model="numpy")
+def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode, b):
+    """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
-    Updates: ``loss (B,)`` float64, ``status (B,)`` (FAST / FALLBACK / INFEASIBLE)
-    and, when ``compute_grad``, every row of ``grad`` (same layout as ``x``).
+    Updates: ``loss[b]`` (float64), ``status[b]`` (FAST / EXTENDED / FALLBACK /
+    INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``.
+    Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
     """
-    if tb_layout:
-        T, B, C = x.shape
-    else:
-        B, T, C = x.shape
-    for b in prange(B):
-        Tb = il[b]
-        Lb = tl[b]
-        lab = _labels(targets[b], Lb, blank)
+    T = x.shape[0] if tb_layout else x.shape[1]
+    C = x.shape[2]
+    Tb = il[b]
+    Lb = tl[b]
+    lab = _labels(targets[b], Lb, blank)
+    if compute_grad:
+        _zero_rows(grad, tb_layout, b, Tb, T)
+    repeats = 0
+    for j in range(1, Lb):
+        repeats += lab[j + 1] == lab[j]
+    if Tb == 0 or Tb < Lb + repeats:
+        # Zero frames: only the empty target is feasible (probability 1).
+        loss[b] = 0.0 if (Tb == 0 and Lb == 0) else INF
+        status[b] = INFEASIBLE
         if compute_grad:
-            _zero_rows(grad, tb_layout, b, Tb, T)
-        repeats = 0
-        for j in range(1, Lb):
-            repeats += lab[j + 1] == lab[j]
-        if Tb == 0 or Tb < Lb + repeats:
-            # Zero frames: only the empty target is feasible (probability 1).
-            loss[b] = 0.0 if (Tb == 0 and Lb == 0) else INF
-            status[b] = INFEASIBLE
-            if compute_grad:
-                _zero_rows(grad, tb_layout, b, 0, Tb)
-            continue
-        st = FALLBACK
-        if mode == 0:
-            st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
-        if st == FALLBACK and mode <= 1:
-            st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
-            st = EXTENDED if st == FAST else st
-        if st == FALLBACK:
-            loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad)
-        status[b] = st
+            _zero_rows(grad, tb_layout, b, 0, Tb)
+        return
+    st = FALLBACK
+    if mode == 0:
+        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+    if st == FALLBACK and mode <= 1:
+        st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        st = EXTENDED if st == FAST else st
+    if st == FALLBACK:
+        loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad)
+    status[b] = st
 
 
 # --------------------------------------------------------------------------- entry point
-def _set_threads() -> None:
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _run_batch(args: tuple, B: int) -> None:
+    """Run ``_ctc_seq`` for every sequence, on ``torch.get_num_threads()`` threads.
+
+    Why a thread pool and not ``prange``: a ``parallel=True`` driver around these
+    functions took 25-45 s to compile (parfor lowering) on top of their own ~20 s,
+    on every fresh install and for each dtype; the GIL-free per-sequence function
+    gives the same parallelism over the batch (sequences are independent, so the
+    result does not depend on the schedule: bit-deterministic).
+    """
+    global _POOL
+    n = max(1, min(torch.get_num_threads(), B))
+    if n == 1:
+        for b in range(B):
+            _ctc_seq(*args, b)
+        return
+    if _POOL is None or _POOL._max_workers < n:  # noqa: SLF001
+        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="seqloss-ctc")
+    # Longest sequences first, so a long one does not start last and run alone.
+    order = np.argsort(-args[3], kind="stable")
+    list(_POOL.map(lambda b: _ctc_seq(*args, int(b)), order))
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -815,7 +832,6 @@ def ctc_loss_forward(
     in_dtype = log_probs.dtype
     out_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     work = torch.float64 if in_dtype == torch.float64 else torch.float32
-    _set_threads()
     x = log_probs.detach()
     if x.dtype != work:
         x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
@@ -834,9 +850,9 @@ def ctc_loss_forward(
     loss = np.empty(B, dtype=np.float64)
     status = np.empty(B, dtype=np.int64)
     if B > 0:
-        _ctc_kernel(xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
-                    bool(compute_grad), gview, loss, status,
-                    {"auto": 0, "extended": 1, "logspace": 2}[_path])
+        mode = {"auto": 0, "extended": 1, "logspace": 2}[_path]
+        _run_batch((xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
+                    bool(compute_grad), gview, loss, status, mode), B)
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended"}
         _status.extend(names[int(s)] for s in status)
