@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _validate
 from ._dispatch import kernel_module
-from ._reduce import reduce_transducer
+from ._reduce import ctc_mean_weights, reduce_transducer
 
 NAN = float("nan")
 
@@ -119,7 +119,7 @@ def ctc_loss_op(
         # The gradient of an impossible alignment is already exactly zero.
         loss = loss.masked_fill(loss == float("inf"), 0.0)
     if reduction == "mean":
-        w = 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
+        w = ctc_mean_weights(target_lengths, loss)
         if grad.numel():
             grad.mul_(w.to(grad.dtype)[None, :, None] if grad.dtype != torch.float64 else w[None, :, None])
         return (loss * w).sum(), grad

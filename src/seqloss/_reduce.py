@@ -1,18 +1,17 @@
-"""Reductions, done outside the kernels on the per-sequence losses."""
+"""Reductions, done outside the kernels on the per-sequence losses (by the ops)."""
 
 from __future__ import annotations
 
 import torch
 
 
-def reduce_ctc(loss: torch.Tensor, target_lengths: torch.Tensor, reduction: str) -> torch.Tensor:
-    """torch's CTC reduction: ``"mean"`` is the batch mean of ``loss_b / max(L_b, 1)``."""
-    if reduction == "none":
-        return loss
-    if reduction == "sum":
-        return loss.sum()
-    denom = target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1)
-    return (loss / denom).mean()
+def ctc_mean_weights(target_lengths: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+    """Per-sequence factors of torch's CTC ``"mean"``: ``1 / (max(L_b, 1) * B)``.
+
+    The op applies them to the losses and, in the forward pass, to the gradient.
+    """
+    B = loss.shape[0]
+    return 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
 
 
 def reduce_transducer(loss: torch.Tensor, reduction: str) -> torch.Tensor:

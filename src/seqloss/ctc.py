@@ -14,9 +14,6 @@ from ._types import Reduction
 IntsLike = Tensor | Sequence[int] | int
 
 
-# Kept for callers importing it from here; the checks live in _validate.
-_targets_tensor = _validate.as_targets_tensor
-
 
 def ctc_loss(
     log_probs: Tensor,
