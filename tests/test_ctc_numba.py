@@ -169,3 +169,28 @@ def test_threads_follow_torch_and_do_not_change_results():
     finally:
         nk._ctc_seq = real
         torch.set_num_threads(old)
+
+
+def test_pool_survives_fork():
+    import multiprocessing as mp
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    x, tg, il, tl = _inputs(20, 4, 5, 3, seed=11)
+    lp = x.log_softmax(-1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = nk.ctc_loss_forward(lp, tg, il, tl, 0, False, False)[0]  # pool started here
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            got = pool.apply_async(_child_loss, (lp, tg, il, tl)).get(timeout=120)
+        assert torch.equal(got, want)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _child_loss(lp, tg, il, tl):
+    torch.set_num_threads(2)
+    return nk.ctc_loss_forward(lp, tg, il, tl, 0, False, False)[0]

@@ -58,6 +58,7 @@ thread that runs it.
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -777,6 +778,15 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
 
 # --------------------------------------------------------------------------- entry point
 _POOL: ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    # A forked child inherits the pool object but not its threads: start afresh.
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _run_batch(args: tuple, B: int) -> None:
