@@ -804,11 +804,20 @@ def _run_batch(args: tuple, B: int) -> None:
         for b in range(B):
             _ctc_seq(*args, b)
         return
-    if _POOL is None or _POOL._max_workers < n:  # noqa: SLF001
-        _POOL = ThreadPoolExecutor(max_workers=n, thread_name_prefix="seqloss-ctc")
-    # Longest sequences first, so a long one does not start last and run alone.
-    order = np.argsort(-args[3], kind="stable")
-    list(_POOL.map(lambda b: _ctc_seq(*args, int(b)), order))
+    if _POOL is None or _POOL._max_workers < n - 1:  # noqa: SLF001
+        _POOL = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="seqloss-ctc")
+    # Longest sequences first, so a long one does not start last and run alone. The
+    # caller's thread works too (n - 1 pool workers): no idle hand-off per call.
+    todo = iter(np.argsort(-args[3], kind="stable").tolist())
+
+    def work() -> None:
+        for b in todo:  # next() on a list iterator is atomic under the GIL
+            _ctc_seq(*args, b)
+
+    helpers = [_POOL.submit(work) for _ in range(n - 1)]
+    work()
+    for h in helpers:
+        h.result()
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
