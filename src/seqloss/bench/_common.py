@@ -167,3 +167,36 @@ def format_table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
             cells.append("—" if v is None else format(v, fmt) if fmt else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def run_cases(
+    case_list: list[dict],
+    available: dict[str, Factory],
+    names: list[str],
+    shape_keys: Sequence[str],
+    mem_child: list[str],
+    repeat: int,
+    memory: bool,
+    log: Callable[[str], object] | None,
+) -> list[dict]:
+    """Time (interleaved, median) and optionally measure ``names`` on every case.
+
+    One row per (case, implementation): the case's ``shape_keys``, ``case, impl, ms,
+    times_ms, peak_mib`` (``None`` unless ``memory``).
+    """
+    rows = []
+    for case in case_list:
+        fns = {n: available[n](case) for n in names}
+        times = interleaved_times(fns, repeat)
+        del fns
+        for n in names:
+            row = {k: case[k] for k in shape_keys}
+            row.update(case=case["name"], impl=n, ms=median_ms(times[n]),
+                       times_ms=[1e3 * t for t in times[n]], peak_mib=None)
+            if memory:
+                row["peak_mib"] = peak_memory_subprocess(mem_child, n, case)
+            rows.append(row)
+            if log:
+                mem = "" if row["peak_mib"] is None else f"  {row['peak_mib']:8.1f} MiB"
+                log(f"  {case['name']:24s} {n:26s} {row['ms']:9.2f} ms{mem}")
+    return rows

@@ -132,22 +132,8 @@ def run(case_list: list[dict], repeat: int = 5, memory: bool = True, impls: list
     """One row per (case, implementation): ``case, B, T, U, V, impl, ms, times_ms, peak_mib``."""
     available = implementations(with_slow or bool(impls and SLOW & set(impls)))
     names = [n for n in (impls or list(available)) if n in available]
-    rows = []
-    for case in case_list:
-        fns = {n: available[n](case) for n in names}
-        times = _common.interleaved_times(fns, repeat)
-        del fns
-        for n in names:
-            row = {k: case[k] for k in ("B", "T", "U", "V")}
-            row.update(case=case["name"], impl=n, ms=_common.median_ms(times[n]),
-                       times_ms=[1e3 * t for t in times[n]], peak_mib=None)
-            if memory:
-                row["peak_mib"] = _common.peak_memory_subprocess(MEM_CHILD, n, case)
-            rows.append(row)
-            if log:
-                mem = "" if row["peak_mib"] is None else f"  {row['peak_mib']:8.1f} MiB"
-                log(f"  {case['name']:24s} {n:26s} {row['ms']:9.2f} ms{mem}")
-    return rows
+    return _common.run_cases(case_list, available, names, ("B", "T", "U", "V"), MEM_CHILD,
+                             repeat, memory, log)
 
 
 def pair_rows(rows: list[dict]) -> list[dict]:
