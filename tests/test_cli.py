@@ -91,6 +91,15 @@ def test_doctor_invalid_arguments_exit_1(files, capsys):
     assert "InputError" in out and "targets[1, 1] = 9" in out
 
 
+def test_doctor_names_a_misspelled_key(tmp_path, capsys):
+    args = _ctc_args()
+    args["target_length"] = args.pop("target_lengths")
+    torch.save(args, tmp_path / "typo.pt")
+    assert cli.main(["doctor", str(tmp_path / "typo.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "unknown argument 'target_length'" in out and "did you mean 'target_lengths'" in out
+
+
 def test_doctor_unusable_files_exit_2(tmp_path, capsys):
     assert cli.main(["doctor", str(tmp_path / "missing.pt")]) == 2
     assert "no such file" in capsys.readouterr().err
@@ -175,6 +184,10 @@ def test_demo_runs_and_writes_png(tmp_path):
     for what in ("CTC loss (per label) falling", "greedy decode", "torch", "float16",
                  "NotImplementedError", "An impossible sequence", "demo finished"):
         assert what in out, what
+    # Three steps cannot train the models: the demo says so instead of a bare 100% error.
+    assert "too few for this model to learn" in out
+    # No warning leaks (e.g. converting a tensor that requires grad to a float).
+    assert "Warning" not in r.stderr, r.stderr[-2000:]
     png = tmp_path / "ctc_alignment.png"
     if not HAS_MPL:
         assert "pip install seqloss[plot]" in out and not png.exists()

@@ -109,6 +109,21 @@ def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D
     return model, losses
 
 
+DEFAULT_STEPS = 300
+
+
+def _undertrained_hint(console: Console, ler: float, steps: int) -> None:
+    # Early in training a CTC/RNN-T model emits only blanks (the easiest way to cut
+    # the loss first), so short runs decode to nothing: say so instead of leaving a
+    # bare 100%.
+    if ler >= 0.5 and steps < DEFAULT_STEPS:
+        console.print(
+            f"[yellow]hint:[/] {steps} steps are too few for this model to learn: it still "
+            "emits (mostly) blanks, hence the empty decodes. Run `seqloss demo` with the "
+            f"default --steps {DEFAULT_STEPS} (about a minute)."
+        )
+
+
 def make_train_batch(g: torch.Generator) -> D.Batch:
     return D.make_batch(16, g)
 
@@ -171,7 +186,7 @@ def half_precision(model: D.TinyCTC, batch: D.Batch, backend: str, console: Cons
         x = lp.clone().requires_grad_(True)
         ls = seqloss.ctc_loss(x, *args, blank=D.BLANK, reduction="none", backend=backend)
         ls.sum().backward()
-        err = float((ls.double() - ref).abs().max())
+        err = float((ls.detach().double() - ref).abs().max())
         name = str(dtype).replace("torch.", "")
         t.add_row(name, "torch", torch_res)
         t.add_row(name, "seqloss", f"loss dtype {ls.dtype}, max |error| {err:.2e}, "
@@ -210,7 +225,7 @@ def infeasible(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console)
                 item = g[:, 1]
                 desc = f"{nan} NaN" if nan else (
                     "finite; item 1 zero" if bool((item == 0).all()) else "finite")
-                cells += [f"{float(loss):.3f}", desc]
+                cells += [f"{float(loss.detach()):.3f}", desc]
         t.add_row(lib + (" zero_infinity" if zi else ""), *cells)
     console.print(t)
     rep = seqloss.diagnose("ctc", logits.log_softmax(-1), tg, il, tl, blank=D.BLANK, backend=backend)
@@ -284,7 +299,7 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     return path_png
 
 
-def run_demo(steps: int = 300, out: str = "seqloss-demo", seed: int = 0, backend: str = "auto",
+def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 0, backend: str = "auto",
              console: Console | None = None) -> int:
     console = console or Console()
     t_start = time.perf_counter()
@@ -317,6 +332,7 @@ def run_demo(steps: int = 300, out: str = "seqloss-demo", seed: int = 0, backend
     _heading(console, "CTC greedy decode against the truth (held-out)")
     console.print(_decode_table(truth, hyp))
     console.print(f"CTC label error rate on 64 held-out utterances: {_ler(truth, hyp):.1%}")
+    _undertrained_hint(console, _ler(truth, hyp), steps)
 
     rnnt_model = None
     if hasattr(seqloss, "rnnt_loss"):
@@ -327,6 +343,7 @@ def run_demo(steps: int = 300, out: str = "seqloss-demo", seed: int = 0, backend
         _heading(console, "RNN-T greedy decode against the truth (held-out)")
         console.print(_decode_table(truth, r_hyp))
         console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
+        _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
     else:
         console.print("seqloss.rnnt_loss is not in this build: skipping the RNN-T model")
 

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from ._errors import InputError
+from ._errors import InputError, InputTypeError
 from ._types import BACKENDS
 
 _MODULES = {
@@ -55,7 +55,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
         ImportError: the backend's package (numba, triton) is not installed.
     """
     if not isinstance(backend, str):
-        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+        raise InputTypeError(f"backend must be a str, got {type(backend).__name__}")
     if backend == "auto":
         backend = os.environ.get("SEQLOSS_BACKEND", "auto") or "auto"
         if backend == "auto":

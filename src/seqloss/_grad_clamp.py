@@ -7,14 +7,20 @@ import math
 import torch
 from torch import Tensor
 
-from ._errors import InputError
+from ._errors import InputError, InputTypeError
 
 
 class _GradClamp(torch.autograd.Function):
+    # setup_context (not forward(ctx, ...)) so torch.func transforms accept it too.
+    generate_vmap_rule = True
+
     @staticmethod
-    def forward(ctx, x: Tensor, clamp: float) -> Tensor:  # noqa: ANN001
-        ctx.clamp = clamp
+    def forward(x: Tensor, clamp: float) -> Tensor:
         return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.clamp = inputs[1]
 
     @staticmethod
     def backward(ctx, g: Tensor):  # noqa: ANN001, ANN205
@@ -37,9 +43,9 @@ def grad_clamp(x: Tensor, clamp: float) -> Tensor:
         TypeError: ``clamp`` not a real number, or ``x`` not a tensor.
     """
     if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        raise InputTypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if isinstance(clamp, bool) or not isinstance(clamp, (int, float)):
-        raise TypeError(f"clamp must be a real number, got {type(clamp).__name__}")
+        raise InputTypeError(f"clamp must be a real number, got {type(clamp).__name__}")
     if math.isnan(clamp) or clamp < 0:
         raise InputError(f"clamp must be >= 0, got {clamp}")
     return _GradClamp.apply(x, float(clamp))

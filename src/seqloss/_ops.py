@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _validate
 from ._dispatch import kernel_module
-from ._reduce import ctc_mean_weights, reduce_transducer
+from ._reduce import ctc_mean_weights, reduce_transducer, volume_weight
 
 NAN = float("nan")
 
@@ -53,6 +53,48 @@ def _no_double_backward(ctx, g):  # noqa: ANN001
 scale_grad.register_autograd(_no_double_backward)
 
 
+def _keep_graph() -> bool:
+    """Whether the running backward keeps the graph (``retain_graph=True``)."""
+    f = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)  # noqa: SLF001
+    return True if f is None else bool(f())
+
+
+def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: bool,
+                    batch_scale=None) -> Tensor:  # noqa: ANN001
+    """The gradient a loss op's backward returns: the saved one times the incoming one.
+
+    The usual ``loss.backward()`` on a reduced loss has an incoming gradient of 1:
+    the saved gradient then goes on as it is (detached, so ``autograd.grad`` gives a
+    plain tensor), with no second logits-sized tensor. That is safe only when nothing
+    can see the saved tensor again: not while the graph is kept (``retain_graph``: a
+    leaf's ``.grad`` would alias it, and ``x.grad.zero_()`` would change the next
+    backward), nor under ``create_graph`` or tracing. Otherwise the product is a
+    fresh tensor, through ``scale_grad`` (whose backward raises the double-backward
+    error). The value check is a sync on CUDA: ``validate=False`` skips it.
+    """
+    if (validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
+            and not _keep_graph() and bool((grad_loss == 1).all())):
+        return grad.detach()
+    g = batch_scale(grad_loss) if batch_scale is not None else (
+        grad_loss.expand(grad.shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss)
+    return scale_grad(grad, g, batch_dim)
+
+
+def conform_layout(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` with the strides ``torch.empty_like(like)`` has, as the fake kernels promise.
+
+    The kernels follow the input's layout when they can (a transposed ``(B, T, C)``
+    input gets a transposed gradient); an input of any other layout gets whatever
+    the kernel made, so match the fake kernel's rule here (a copy, rare).
+    """
+    if grad.numel() == 0 or grad.stride() == like.stride():
+        return grad
+    want = torch.empty_like(like, device="meta").stride()
+    if grad.stride() == want:
+        return grad
+    return torch.empty_like(like, dtype=grad.dtype).copy_(grad)
+
+
 def poison_nonfinite(
     log_probs: Tensor, lengths: Tensor, loss: Tensor, grad: Tensor, time_dim: int, batch_dim: int
 ) -> tuple[Tensor, Tensor]:
@@ -81,6 +123,58 @@ def poison_nonfinite(
             m = m.transpose(0, 1)
         grad.masked_fill_(m.unsqueeze(-1), NAN)
     return loss, grad
+
+
+def functorch_active() -> bool:
+    """True inside a ``torch.func`` transform (grad, vjp, jacrev, ...)."""
+    return not torch.compiler.is_compiling() and (
+        torch._C._functorch.peek_interpreter_stack() is not None  # noqa: SLF001
+    )
+
+
+class _LossUnderFunctorch(torch.autograd.Function):
+    """A loss op as an ``autograd.Function`` with ``setup_context``, for ``torch.func``.
+
+    functorch's transforms reject the generated autograd of ``torch.library`` ops;
+    this wrapper runs the same op (loss and gradient in one pass) and scales the
+    saved gradient in its backward with ordinary (transformable) torch ops.
+    Reverse mode only (``grad``, ``vjp``, ``jacrev``); ``vmap`` and ``jvp`` are not
+    supported.
+    """
+
+    @staticmethod
+    def forward(op, scale, x, *rest):  # noqa: ANN001, ANN205
+        return op(x, *rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.scale = inputs[1]
+        ctx.n_rest = len(inputs) - 3
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(output[1])
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001, ANN205
+        (grad,) = ctx.saved_tensors
+        return (None, None, ctx.scale(grad, grad_loss), *(None,) * ctx.n_rest)
+
+
+def call_loss_op(op, scale, x: Tensor, *rest) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """``op(x, *rest)``, through ``_LossUnderFunctorch`` inside a ``torch.func`` transform.
+
+    ``scale(grad, grad_loss)`` is the backward's product, used only there.
+    """
+    if functorch_active():
+        return _LossUnderFunctorch.apply(op, scale, x, *rest)
+    return op(x, *rest)
+
+
+def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:
+    """``grad * grad_loss`` with ``grad_loss`` (a scalar or ``(B,)``) on ``batch_dim``."""
+    shape = [1] * grad.dim()
+    if grad_loss.dim():
+        shape[batch_dim] = grad_loss.shape[0]
+    return grad * grad_loss.reshape(shape).to(grad.dtype)
 
 
 # --------------------------------------------------------------------------- CTC
@@ -114,6 +208,7 @@ def ctc_loss_op(
     loss, grad = kern.ctc_loss_forward(
         log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax, compute_grad
     )
+    grad = conform_layout(grad, log_probs)
     loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
     if zero_infinity:
         # The gradient of an impossible alignment is already exactly zero.
@@ -134,13 +229,14 @@ def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softma
     T, B, C = log_probs.shape
     shape = (B,) if reduction == "none" else ()
     loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
-    grad = log_probs.new_empty((T, B, C)) if compute_grad else log_probs.new_empty((0,))
+    grad = torch.empty_like(log_probs) if compute_grad else log_probs.new_empty((0,))
     return loss, grad
 
 
 def _ctc_setup(ctx, inputs, output):  # noqa: ANN001
     # No zeros for the (non-differentiable) gradient output's incoming gradient.
     ctx.set_materialize_grads(False)
+    ctx.compute_grad = inputs[-2]
     ctx.validate = inputs[-1]
     ctx.save_for_backward(output[1])
 
@@ -150,19 +246,9 @@ def _ctc_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     nones = (None,) * 10
     if grad_loss is None:
         return (None, *nones)
-    if grad.numel() == 0 and grad_loss.numel():
+    if not ctx.compute_grad:
         raise RuntimeError("seqloss: ctc_loss was called with compute_grad=False")
-    # loss.backward() on a reduced loss: the incoming gradient is 1 and the saved
-    # gradient goes on as it is (not mutated, so retain_graph and gradcheck stay
-    # correct). Anything else is scaled out of place. The check reads a value (a
-    # sync on CUDA): validate=False skips it, as it skips the other value checks.
-    # Under create_graph the scaling goes through scale_grad, whose own backward
-    # raises the clear double-backward error.
-    if (ctx.validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
-            and bool((grad_loss == 1).all())):
-        return (grad, *nones)
-    g = grad_loss.expand(grad.shape[1]) if grad_loss.dim() == 0 else grad_loss
-    return (scale_grad(grad, g, 1), *nones)
+    return (grad_to_hand_on(grad, grad_loss, 1, ctx.validate), *nones)
 
 
 ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
@@ -224,9 +310,14 @@ def rnnt_loss_impl(
         logits, padded, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
         fastemit_lambda, compute_grad, grad_buffer, grad_scale,
     )
+    if grad_buffer is None:
+        grad = conform_layout(grad, logits)
+    if reduction == "mean_volume" and grad.numel():
+        # 1 / sum_b U_b, applied to our own fresh gradient (no host sync for the divisor).
+        grad.mul_(volume_weight(target_lengths, torch.float64).to(grad.dtype))
     if zero_infinity:
         loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    return reduce_transducer(loss, reduction), grad
+    return reduce_transducer(loss, reduction, target_lengths), grad
 
 
 @torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
@@ -272,36 +363,31 @@ def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
     # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
     ctx.set_materialize_grads(False)
     ctx.packed = inputs[0].dim() == 2
+    ctx.compute_grad = inputs[-2]
     ctx.validate = inputs[-1]
     ctx.save_for_backward(output[1], inputs[2], inputs[3])
 
 
 def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
     grad, logit_lengths, target_lengths = ctx.saved_tensors
-    if grad.numel() == 0 and logit_lengths.numel() and int(logit_lengths.max()) > 0:
-        raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
     nones = (None,) * 12
     if grad_loss is None:  # only the (non-differentiable) gradient output was used
         return (None, *nones)
-    # The usual case, loss.backward() on a reduced loss (or .sum() of "none"): the
-    # incoming gradient is 1 and the saved gradient goes on as it is, so no second
-    # logits-sized tensor appears (an out-of-place product would double the peak).
-    # Not mutated, so retain_graph/gradcheck stay correct; whoever mutates it later
-    # (an in-place accumulation) bumps its version and autograd refuses to reuse it.
-    # The check reads a value (a sync on CUDA): validate=False skips it, as it skips
-    # the other value checks. Under create_graph the scaling goes through scale_grad,
-    # whose own backward raises the clear double-backward error.
-    if (ctx.validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
-            and bool((grad_loss == 1).all())):
-        return (grad, *nones)
+    if not ctx.compute_grad:
+        raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
     B = logit_lengths.shape[0]
-    g = _batch_scale(grad_loss, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0])
-    return (scale_grad(grad, g, 0), *nones)
+    return (grad_to_hand_on(
+        grad, grad_loss, 0, ctx.validate,
+        lambda g: _batch_scale(g, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0]),
+    ), *nones)
 
 
 rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)
 
 
+# A mutation of the caller's logits cannot be traced: under torch.compile this is a
+# graph break (it runs eagerly; fullgraph=True raises).
+@torch.compiler.disable
 def rnnt_loss_inplace(
     logits: Tensor,
     targets: Tensor,
@@ -316,7 +402,7 @@ def rnnt_loss_inplace(
     backend: str,
     validate: bool,
 ) -> Tensor:
-    """The in-place mode: the gradient overwrites ``logits``' storage (eager only).
+    """The in-place mode: the gradient overwrites ``logits``' storage (eager: a graph break).
 
     Not a torch.library op: a custom op may not return an alias of its input,
     and autograd cannot be registered for a mutating one. The in-place writes bump
@@ -324,11 +410,6 @@ def rnnt_loss_inplace(
     ``logits`` for its backward (a joiner's final ``Linear`` saves its input, not
     its output, so the usual joiner is fine).
     """
-    if torch.compiler.is_compiling():
-        raise RuntimeError(
-            "seqloss: rnnt_loss(..., inplace_grad=True) writes into the logits and cannot "
-            "run under torch.compile; use inplace_grad=False there"
-        )
     return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
                               fused_log_softmax, fastemit_lambda, reduction, zero_infinity,
                               backend, validate)

@@ -14,10 +14,20 @@ def ctc_mean_weights(target_lengths: torch.Tensor, loss: torch.Tensor) -> torch.
     return 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
 
 
-def reduce_transducer(loss: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Transducer reduction: ``"mean"`` is the plain batch mean (torchaudio, k2)."""
+def volume_weight(target_lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """NeMo's ``"mean_volume"`` factor ``1 / sum_b U_b`` (1 when every ``U_b`` is 0), 0-D."""
+    return 1.0 / target_lengths.sum().clamp(min=1).to(dtype)
+
+
+def reduce_transducer(loss: torch.Tensor, reduction: str,
+                      target_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Transducer reduction: ``"mean"`` is the plain batch mean (torchaudio, k2);
+    ``"mean_volume"`` is ``sum_b loss_b / sum_b U_b``. An empty batch reduces to 0."""
     if reduction == "none":
         return loss
-    if reduction == "sum":
-        return loss.sum()
-    return loss.mean()
+    if reduction == "mean" and loss.numel():
+        return loss.mean()
+    if reduction == "mean_volume":
+        assert target_lengths is not None
+        return loss.sum() * volume_weight(target_lengths.to(loss.device), loss.dtype)
+    return loss.sum()

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
-from ._errors import InputError
-from ._types import REDUCTIONS
+from ._errors import InputError, InputTypeError
+from ._types import REDUCTIONS, TRANSDUCER_REDUCTIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -22,37 +23,50 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 
 def check_float_tensor(x: object, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(
+        raise InputTypeError(
             f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}"
         )
     return x
 
 
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def as_index_tensor(
     x: object, name: str, device: torch.device, *, allow_scalar: bool = False
 ) -> torch.Tensor:
-    """``x`` (int32/int64 tensor or a Python sequence of ints) as an int64 tensor."""
+    """``x`` as an int64 tensor on ``device``.
+
+    Accepts int32/int64 tensors (any shape; the batch check reshapes), numpy integer
+    arrays, Python sequences of ints (numpy integer scalars and 0-D integer tensors
+    included) and, with ``allow_scalar``, a single int.
+    """
     if isinstance(x, torch.Tensor):
         if x.dtype not in INDEX_DTYPES:
-            raise TypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
+            raise InputTypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
         t = x
-    elif isinstance(x, bool):
-        raise TypeError(f"{name} must be an integer tensor or a sequence of ints, got bool")
-    elif isinstance(x, int) and allow_scalar:
-        t = torch.tensor(x, dtype=torch.int64)
+    elif isinstance(x, np.ndarray):
+        if x.dtype.kind not in "iu" or x.dtype.itemsize > 8 or x.dtype == np.uint64:
+            raise InputTypeError(f"{name} must be an integer array, got a numpy {x.dtype} array")
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+    elif isinstance(x, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be an integer tensor or a sequence of ints, got bool")
+    elif _is_int(x) and allow_scalar:
+        t = torch.tensor(int(x), dtype=torch.int64)
     elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
         for i, v in enumerate(x):
-            if isinstance(v, bool) or not isinstance(v, int):
+            if not _is_int(v):
                 if isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() == 0:
                     continue
-                raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
+                raise InputTypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
         t = torch.tensor([int(v) for v in x], dtype=torch.int64)
     else:
-        raise TypeError(
-            f"{name} must be an int32/int64 tensor or a sequence of ints, "
-            f"got {type(x).__name__}"
+        raise InputTypeError(
+            f"{name} must be an int32/int64 tensor, a numpy integer array or a sequence "
+            f"of ints, got {type(x).__name__}"
         )
     if t.dtype != torch.int64 or t.device != device:
         t = t.to(device=device, dtype=torch.int64)
@@ -64,16 +78,21 @@ def check_ndim(x: torch.Tensor, name: str, ndims: Sequence[int], what: str) -> N
         raise InputError(f"{name} must be {what}, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
 
 
-def check_batch(x: torch.Tensor, name: str, batch: int) -> None:
-    if x.dim() != 1 or x.shape[0] != batch:
-        raise InputError(
-            f"{name} must have shape ({batch},) (one entry per batch item), got {tuple(x.shape)}"
-        )
+def check_batch(x: torch.Tensor, name: str, batch: int) -> torch.Tensor:
+    """``x`` as ``(batch,)``; a 0-D or ``(1, 1)`` tensor is accepted for a batch of one."""
+    if x.dim() == 1 and x.shape[0] == batch:
+        return x
+    if batch == 1 and x.numel() == 1 and x.dim() in (0, 2):
+        return x.reshape(1)
+    raise InputError(
+        f"{name} must have shape ({batch},) (one entry per batch item), got {tuple(x.shape)}"
+    )
 
 
-def check_reduction(reduction: object) -> None:
-    if reduction not in REDUCTIONS:
-        raise InputError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+def check_reduction(reduction: object, *, transducer: bool = False) -> None:
+    allowed = TRANSDUCER_REDUCTIONS if transducer else REDUCTIONS
+    if not isinstance(reduction, str) or reduction not in allowed:
+        raise InputError(f"reduction must be one of {allowed}, got {reduction!r}")
 
 
 def check_lengths(lengths: torch.Tensor, name: str, upper: int, upper_what: str) -> torch.Tensor:
@@ -181,14 +200,25 @@ def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
     """``targets`` (int32/int64 tensor or a (nested) sequence of ints) as int64 on ``device``."""
     if isinstance(targets, torch.Tensor):
         if targets.dtype not in INDEX_DTYPES:
-            raise TypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
+            raise InputTypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
         return targets.to(device=device, dtype=torch.int64)
     if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
-        t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
+        try:
+            t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
+        except (ValueError, TypeError) as e:
+            lens = [len(r) if isinstance(r, Sequence) else None for r in targets]
+            if all(n is not None for n in lens) and len(set(lens)) > 1:
+                b = next(i for i, n in enumerate(lens) if n != lens[0])
+                raise InputError(
+                    f"targets is a ragged nested sequence: row 0 has {lens[0]} ids, row {b} "
+                    f"has {lens[b]}; pass padded (B, S) targets (pad with any id) or the "
+                    f"concatenated 1-D ids"
+                ) from None
+            raise InputTypeError(f"targets must hold ints: {e}") from None
         if t.dtype not in INDEX_DTYPES:
-            raise TypeError(f"targets must hold ints, got {t.dtype}")
+            raise InputTypeError(f"targets must hold ints, got {t.dtype}")
         return t.to(device=device, dtype=torch.int64)
-    raise TypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+    raise InputTypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
 
 
 def ctc_inputs(
@@ -224,12 +254,12 @@ def ctc_inputs(
         il = as_index_tensor(input_lengths, "input_lengths", device)
         tl = as_index_tensor(target_lengths, "target_lengths", device)
     T, B, C = log_probs.shape
-    check_batch(il, "input_lengths", B)
-    check_batch(tl, "target_lengths", B)
+    il = check_batch(il, "input_lengths", B)
+    tl = check_batch(tl, "target_lengths", B)
     if tg.dim() == 2 and tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, S), got {tuple(tg.shape)}")
     if isinstance(blank, bool) or not isinstance(blank, int):
-        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
     if C == 0:
         raise InputError("log_probs must have at least one class (C >= 1)")
     if not 0 <= blank < C:
@@ -265,10 +295,13 @@ def transducer_inputs(
     tg = as_targets_tensor(targets, device)
     il = as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = as_index_tensor(target_lengths, "target_lengths", device)
-    check_ndim(il, "logit_lengths", (1,), "(B,)")
+    if packed:
+        if il.dim() > 1 and il.numel() == 1:
+            il = il.reshape(1)
+        check_ndim(il, "logit_lengths", (1,), "(B,)")
     B = logits.shape[0] if not packed else il.shape[0]
-    check_batch(il, "logit_lengths", B)
-    check_batch(tl, "target_lengths", B)
+    il = check_batch(il, "logit_lengths", B)
+    tl = check_batch(tl, "target_lengths", B)
     if packed:
         check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
     else:
@@ -276,7 +309,7 @@ def transducer_inputs(
     if tg.dim() == 2 and tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
     if isinstance(blank, bool) or not isinstance(blank, int):
-        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
     V = logits.shape[-1]
     if V == 0:
         raise InputError("logits must have at least one class (V >= 1)")
@@ -287,7 +320,7 @@ def transducer_inputs(
 
 def check_float_arg(x: object, name: str, *, low: float | None = None) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(x).__name__}")
+        raise InputTypeError(f"{name} must be a float, got {type(x).__name__}")
     x = float(x)
     if x != x or x in (float("inf"), float("-inf")) or (low is not None and x < low):
         raise InputError(f"{name} = {x} is invalid: expected a finite value" +

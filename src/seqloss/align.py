@@ -15,7 +15,7 @@ from torch import Tensor
 
 from . import _validate
 from ._dispatch import kernel_module, resolve_backend
-from ._errors import InputError
+from ._errors import InputError, InputTypeError
 
 IntsLike = Tensor | Sequence[int] | int
 NAN = float("nan")
@@ -74,7 +74,8 @@ def ctc_align(
 
     Returns:
         ``(labels, scores)``, each ``(B, T)`` (unbatched: ``(T,)``): the label of
-        each frame on the best path (int64) and its log-probability
+        each frame on the best path (the targets' dtype, as torchaudio's
+        ``forced_align``; int64 for Python targets) and its log-probability
         ``log_probs[t, b, labels[b, t]]`` (float64 for float64 input, else
         float32), so ``scores[b].sum()`` is the best path's log-probability.
         Frames ``t >= input_lengths[b]`` hold ``blank`` and ``0``.
@@ -118,6 +119,9 @@ def ctc_align(
         bad = (frame_bad & valid).any(dim=1, keepdim=True) & valid
         labels = torch.where(bad, blank, labels)
         scores = torch.where(bad, NAN, scores)
+    # torchaudio's forced_align returns labels in the targets' dtype.
+    if isinstance(targets, Tensor) and targets.dtype != labels.dtype:
+        labels = labels.to(targets.dtype)
     if unbatched:
         return labels[0], scores[0]
     return labels, scores
@@ -192,10 +196,10 @@ def rnnt_align(
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
     ll = _validate.as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = _validate.as_index_tensor(target_lengths, "target_lengths", device)
-    _validate.check_batch(ll, "logit_lengths", B)
-    _validate.check_batch(tl, "target_lengths", B)
+    ll = _validate.check_batch(ll, "logit_lengths", B)
+    tl = _validate.check_batch(tl, "target_lengths", B)
     if isinstance(blank, bool) or not isinstance(blank, int):
-        raise TypeError(f"blank must be an int, got {type(blank).__name__}")
+        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
     if V == 0 or U1 == 0:
         raise InputError(f"logits must have U+1 >= 1 and V >= 1, got shape {tuple(logits.shape)}")
     if not -V <= blank < V:

@@ -9,10 +9,14 @@ from torch import Tensor
 
 from . import _ops, _validate
 from ._dispatch import resolve_backend
+from ._module import LossModule
 from ._types import Reduction
 
 IntsLike = Tensor | Sequence[int] | int
 
+
+def _ctc_product(grad: Tensor, grad_loss: Tensor) -> Tensor:
+    return _ops.batch_product(grad, grad_loss, 1)
 
 
 def ctc_loss(
@@ -84,7 +88,8 @@ def ctc_loss(
     # Unbatched input gives a scalar for every reduction (torch's behaviour); with
     # one sequence "sum" is that scalar and "mean" divides it by max(L, 1).
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
-    loss, _ = _ops.ctc_loss_op(
+    loss, _ = _ops.call_loss_op(
+        _ops.ctc_loss_op, _ctc_product,
         log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
         name, compute_grad, bool(validate),
     )
@@ -93,8 +98,11 @@ def ctc_loss(
     return loss
 
 
-class CTCLoss(torch.nn.Module):
+class CTCLoss(LossModule):
     """Module wrapper of :func:`ctc_loss`; constructor takes its keyword arguments."""
+
+    _defaults = {"blank": 0, "reduction": "mean", "zero_infinity": False,
+                 "fused_log_softmax": False, "backend": "auto", "validate": True}
 
     def __init__(
         self,
@@ -106,13 +114,8 @@ class CTCLoss(torch.nn.Module):
         backend: str = "auto",
         validate: bool = True,
     ) -> None:
-        super().__init__()
-        self.blank = blank
-        self.reduction = reduction
-        self.zero_infinity = zero_infinity
-        self.fused_log_softmax = fused_log_softmax
-        self.backend = backend
-        self.validate = validate
+        super().__init__(blank=blank, reduction=reduction, zero_infinity=zero_infinity,
+                         fused_log_softmax=fused_log_softmax, backend=backend, validate=validate)
 
     def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: IntsLike,
                 target_lengths: IntsLike) -> Tensor:

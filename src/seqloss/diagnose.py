@@ -21,6 +21,7 @@ argument raises the loss's own :class:`~seqloss.InputError`), with
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from dataclasses import asdict, dataclass, field
@@ -304,7 +305,20 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     if kind not in KINDS:
         raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
     fn = _loss_fn(kind)
-    bound = inspect.signature(fn).bind(*loss_args, **loss_kwargs)
+    sig = inspect.signature(fn)
+    unknown = [k for k in loss_kwargs if k not in sig.parameters]
+    if unknown:
+        k = unknown[0]
+        close = difflib.get_close_matches(k, list(sig.parameters), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise InputError(
+            f"unknown argument {k!r} for the {kind} loss{hint}; it takes "
+            + ", ".join(sig.parameters)
+        )
+    try:
+        bound = sig.bind(*loss_args, **loss_kwargs)
+    except TypeError as e:
+        raise InputError(f"the {kind} loss's arguments do not fit its signature: {e}") from None
     bound.apply_defaults()
     a = bound.arguments
     a["reduction"] = "none"
@@ -329,6 +343,8 @@ def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     tg = _validate.as_targets_tensor(a["targets"], device)
     il = _validate.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
     tl = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
+    if x.dim() == 3 and x.shape[1] == 1:
+        il, tl = il.reshape(-1), tl.reshape(-1)
     if x.dim() == 2:  # unbatched (T, C)
         x, grad, loss = x.unsqueeze(1), grad.unsqueeze(1), loss.reshape(1)
         tg, il, tl = tg.reshape(1, -1), il.reshape(1), tl.reshape(1)
@@ -373,8 +389,8 @@ def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     blank = blank + V if blank < 0 else blank
     fused = bool(a.get("fused_log_softmax", True))
     zero_inf = bool(a.get("zero_infinity", False))
-    tl_ = _validate.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu()
-    ul_ = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu()
+    tl_ = _validate.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
+    ul_ = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
     lp = torch.log_softmax(x.double(), dim=-1) if fused else x
     tol = _NORM_TOL[x.dtype]
     seqs = []

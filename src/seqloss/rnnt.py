@@ -9,7 +9,8 @@ from torch import Tensor
 
 from . import _ops, _validate
 from ._dispatch import resolve_backend
-from ._types import Reduction
+from ._module import LossModule
+from ._types import TransducerReduction
 
 IntsLike = Tensor | Sequence[int]
 
@@ -66,7 +67,7 @@ def _loss(
     tg, il, tl, blank = _validate.transducer_inputs(
         logits, targets, logit_lengths, target_lengths, blank, packed=packed
     )
-    _validate.check_reduction(reduction)
+    _validate.check_reduction(reduction, transducer=True)
     clamp = _validate.check_float_arg(clamp, "clamp")
     fastemit_lambda = _validate.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, logits.device)
@@ -76,9 +77,14 @@ def _loss(
                                       reduction, bool(zero_infinity), name, bool(validate))
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
-        loss, _ = _ops.rnnt_loss_op(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
-                                    reduction, bool(zero_infinity), name, compute_grad,
-                                    bool(validate))
+        def product(grad: Tensor, grad_loss: Tensor) -> Tensor:
+            if packed and grad_loss.dim():
+                grad_loss = _ops._batch_scale(grad_loss, il.shape[0], True, il, tl, grad.shape[0])  # noqa: SLF001
+            return _ops.batch_product(grad, grad_loss, 0)
+
+        loss, _ = _ops.call_loss_op(_ops.rnnt_loss_op, product, logits, tg, il, tl, blank, clamp,
+                                    fused, fastemit_lambda, reduction, bool(zero_infinity), name,
+                                    compute_grad, bool(validate))
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss
@@ -91,7 +97,7 @@ def rnnt_loss(
     target_lengths: IntsLike,
     blank: int = -1,
     clamp: float = -1,
-    reduction: Reduction = "mean",
+    reduction: TransducerReduction = "mean",
     fused_log_softmax: bool = True,
     *,
     fastemit_lambda: float = 0.0,
@@ -118,7 +124,10 @@ rnnt_loss.__doc__ = r"""RNN-T loss, a drop-in for :func:`torchaudio.functional.r
         blank: blank index; ``-1`` (default) is ``V - 1``, other negatives count
             from the end too.
         clamp: ``> 0`` clamps the per-sequence gradient elementwise; ``<= 0``: off.
-        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the plain batch mean.
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the plain batch mean;
+            ``"mean_volume"``: ``sum_b loss_b / sum_b U_b`` (NeMo's; divisor 1 when
+            every ``U_b`` is 0). An empty batch gives 0 for every reduction but
+            ``"none"``.
         fused_log_softmax: ``True``: raw logits, log-softmax taken inside.
         fastemit_lambda: FastEmit regularization ``λ >= 0`` (see below).
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
@@ -139,7 +148,7 @@ def rnnt_loss_packed(
     target_lengths: IntsLike,
     blank: int = -1,
     clamp: float = -1,
-    reduction: Reduction = "mean",
+    reduction: TransducerReduction = "mean",
     fused_log_softmax: bool = True,
     *,
     fastemit_lambda: float = 0.0,
@@ -168,14 +177,18 @@ rnnt_loss_packed.__doc__ = r"""RNN-T loss on packed logits: no padding, same res
 """ + _DOC_COMMON
 
 
-class RNNTLoss(torch.nn.Module):
+class RNNTLoss(LossModule):
     """Module wrapper of :func:`rnnt_loss`; the constructor takes its keyword arguments."""
+
+    _defaults = {"blank": -1, "clamp": -1, "reduction": "mean", "fused_log_softmax": True,
+                 "fastemit_lambda": 0.0, "backend": "auto", "validate": True,
+                 "zero_infinity": False, "inplace_grad": False}
 
     def __init__(
         self,
         blank: int = -1,
         clamp: float = -1,
-        reduction: Reduction = "mean",
+        reduction: TransducerReduction = "mean",
         fused_log_softmax: bool = True,
         *,
         fastemit_lambda: float = 0.0,
@@ -184,16 +197,10 @@ class RNNTLoss(torch.nn.Module):
         zero_infinity: bool = False,
         inplace_grad: bool = False,
     ) -> None:
-        super().__init__()
-        self.blank = blank
-        self.clamp = clamp
-        self.reduction = reduction
-        self.fused_log_softmax = fused_log_softmax
-        self.fastemit_lambda = fastemit_lambda
-        self.backend = backend
-        self.validate = validate
-        self.zero_infinity = zero_infinity
-        self.inplace_grad = inplace_grad
+        super().__init__(blank=blank, clamp=clamp, reduction=reduction,
+                         fused_log_softmax=fused_log_softmax, fastemit_lambda=fastemit_lambda,
+                         backend=backend, validate=validate, zero_infinity=zero_infinity,
+                         inplace_grad=inplace_grad)
 
     def forward(self, logits: Tensor, targets: Tensor, logit_lengths: IntsLike,
                 target_lengths: IntsLike) -> Tensor:
