@@ -12,8 +12,11 @@ even under ``torch.compile``, so checking there costs no graph break.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from . import _validate
 from ._dispatch import kernel_module
@@ -59,6 +62,11 @@ def _keep_graph() -> bool:
     return True if f is None else bool(f())
 
 
+def _all_ones(g: Tensor) -> bool:
+    # .item() of a CPU scalar is ~1 us, a torch reduction ~8 us (both sync on CUDA).
+    return g.item() == 1 if g.numel() == 1 else bool((g == 1).all())
+
+
 def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: bool,
                     batch_scale=None) -> Tensor:  # noqa: ANN001
     """The gradient a loss op's backward returns: the saved one times the incoming one.
@@ -73,10 +81,12 @@ def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: b
     error). The value check is a sync on CUDA: ``validate=False`` skips it.
     """
     if (validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
-            and not _keep_graph() and bool((grad_loss == 1).all())):
+            and not _keep_graph() and _all_ones(grad_loss)):
         return grad.detach()
-    g = batch_scale(grad_loss) if batch_scale is not None else (
-        grad_loss.expand(grad.shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss)
+    if batch_scale is not None:
+        g = batch_scale(grad_loss)
+    else:
+        g = grad_loss.expand(grad.shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss
     return scale_grad(grad, g, batch_dim)
 
 
@@ -108,6 +118,11 @@ def poison_nonfinite(
     always runs, so no device-to-host sync happens here.
     """
     frame_max = log_probs.amax(dim=-1)  # time and batch axes remain
+    if log_probs.device.type == "cpu":
+        fm = frame_max.numpy() if frame_max.dtype in (torch.float32, torch.float64) else (
+            frame_max.float().numpy())
+        if (fm < np.inf).all():
+            return loss, grad  # the common case: one check, no masks
     if time_dim > batch_dim:
         frame_max = frame_max.transpose(0, 1)
     T = frame_max.shape[0]
@@ -125,48 +140,85 @@ def poison_nonfinite(
     return loss, grad
 
 
-def functorch_active() -> bool:
-    """True inside a ``torch.func`` transform (grad, vjp, jacrev, ...)."""
-    return not torch.compiler.is_compiling() and (
-        torch._C._functorch.peek_interpreter_stack() is not None  # noqa: SLF001
-    )
+def _functorch_wrapped(t: Tensor) -> bool:
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
 
 
-class _LossUnderFunctorch(torch.autograd.Function):
-    """A loss op as an ``autograd.Function`` with ``setup_context``, for ``torch.func``.
+def _loss_backward(ctx, grad_loss: Tensor | None) -> Tensor | None:  # noqa: ANN001
+    if grad_loss is None:
+        return None
+    (grad,) = ctx.saved_tensors
+    if _functorch_wrapped(grad_loss):
+        g = grad_loss if ctx.per_batch is None else ctx.per_batch(grad_loss)
+        return batch_product(grad, g, ctx.batch_dim)
+    return grad_to_hand_on(grad, grad_loss, ctx.batch_dim, ctx.validate, ctx.per_batch)
 
-    functorch's transforms reject the generated autograd of ``torch.library`` ops;
-    this wrapper runs the same op (loss and gradient in one pass) and scales the
-    saved gradient in its backward with ordinary (transformable) torch ops.
-    Reverse mode only (``grad``, ``vjp``, ``jacrev``); ``vmap`` and ``jvp`` are not
-    supported.
+
+class _EagerLoss(torch.autograd.Function):
+    """A loss op's implementation in eager mode: the same function as the registered op,
+    behind a plain ``autograd.Function``.
+
+    Why not the ``torch.library`` op everywhere: its Python dispatch costs ~30 us per
+    call (measured: 32 us for an op with an empty body, against 8 us for this), most
+    of a small batch's budget. Under ``torch.compile`` and any other tracing the
+    registered op is used (its fake kernel and autograd formula are what the compiler
+    needs). The old-style ``forward(ctx, ...)``: ``setup_context`` costs an
+    ``inspect.signature`` per call, so only the ``torch.func`` twin below has one.
     """
 
     @staticmethod
-    def forward(op, scale, x, *rest):  # noqa: ANN001, ANN205
-        return op(x, *rest)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
-        ctx.scale = inputs[1]
-        ctx.n_rest = len(inputs) - 3
-        ctx.mark_non_differentiable(output[1])
-        ctx.save_for_backward(output[1])
+    def forward(ctx, impl, batch_dim, per_batch, x, *rest):  # noqa: ANN001, ANN205
+        out = impl(x, *rest)
+        ctx.batch_dim, ctx.per_batch, ctx.validate = batch_dim, per_batch, rest[-1]
+        ctx.n_rest = len(rest)
+        # The gradient output stays "differentiable" on purpose: saved and unpacked, it
+        # is attached to this node, so under create_graph the product through
+        # scale_grad is too, and a double backward meets its clear error. No incoming
+        # gradient is ever materialized for it (no logits-sized zeros).
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(out[1])
+        return out
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001, ANN205
-        (grad,) = ctx.saved_tensors
-        return (None, None, ctx.scale(grad, grad_loss), *(None,) * ctx.n_rest)
+        return (None, None, None, _loss_backward(ctx, grad_loss), *(None,) * ctx.n_rest)
 
 
-def call_loss_op(op, scale, x: Tensor, *rest) -> tuple[Tensor, Tensor]:  # noqa: ANN001
-    """``op(x, *rest)``, through ``_LossUnderFunctorch`` inside a ``torch.func`` transform.
+class _FuncLoss(torch.autograd.Function):
+    """``_EagerLoss`` for ``torch.func`` transforms (grad, vjp, jacrev), which need
+    ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
 
-    ``scale(grad, grad_loss)`` is the backward's product, used only there.
+    @staticmethod
+    def forward(impl, batch_dim, per_batch, x, *rest):  # noqa: ANN001, ANN205
+        return impl(x, *rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.batch_dim, ctx.per_batch, ctx.validate = inputs[1], inputs[2], inputs[-1]
+        ctx.n_rest = len(inputs) - 4
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(output[1])
+
+    backward = _EagerLoss.backward
+
+
+def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """Run a loss: the registered ``op`` while tracing, ``impl`` behind an
+    ``autograd.Function`` eagerly.
+
+    ``rest`` ends with ``(..., compute_grad, validate)``; ``per_batch`` maps the
+    incoming gradient to one factor per slice of ``batch_dim`` (``None``: it already
+    is, or is a scalar).
     """
-    if functorch_active():
-        return _LossUnderFunctorch.apply(op, scale, x, *rest)
-    return op(x, *rest)
+    if torch.compiler.is_compiling():
+        return op(x, *rest)
+    if _functorch_wrapped(x):
+        return _FuncLoss.apply(impl, batch_dim, per_batch, x, *rest)
+    if isinstance(x, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(x):  # noqa: SLF001
+        return op(x, *rest)
+    if not rest[-2]:  # no gradient wanted: no autograd wrapper either
+        return impl(x, *rest)
+    return _EagerLoss.apply(impl, batch_dim, per_batch, x, *rest)
 
 
 def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:
@@ -178,8 +230,7 @@ def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------- CTC
-@torch.library.custom_op("seqloss::ctc_loss", mutates_args=())
-def ctc_loss_op(
+def ctc_loss_impl(
     log_probs: Tensor,
     targets: Tensor,
     input_lengths: Tensor,
@@ -223,6 +274,9 @@ def ctc_loss_op(
     return loss, grad
 
 
+ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutates_args=())
+
+
 @ctc_loss_op.register_fake
 def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
       zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
@@ -257,9 +311,6 @@ ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
 # --------------------------------------------------------------------------- transducers
 def _is_traced(t: Tensor) -> bool:
     """True while tracing (compile, fake/functional tensors, functorch): no value reads then."""
-    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
-    from torch._subclasses.functional_tensor import FunctionalTensor  # noqa: PLC0415
-
     return (
         torch.compiler.is_compiling()
         or isinstance(t, (FakeTensor, FunctionalTensor))

@@ -95,12 +95,18 @@ def check_reduction(reduction: object, *, transducer: bool = False) -> None:
         raise InputError(f"reduction must be one of {allowed}, got {reduction!r}")
 
 
-def check_lengths(lengths: torch.Tensor, name: str, upper: int, upper_what: str) -> torch.Tensor:
-    """Value check: ``0 <= lengths[b] <= upper``. Returns the lengths on the host."""
-    host = lengths.cpu()
-    bad = ((host < 0) | (host > upper)).nonzero()
-    if bad.numel():
-        b = int(bad[0, 0])
+def _host(x: torch.Tensor) -> np.ndarray:
+    """An int64 numpy view (CPU) or copy (other devices: a device-to-host sync) of ``x``."""
+    return x.detach().cpu().numpy()
+
+
+def check_lengths(lengths: torch.Tensor | np.ndarray, name: str, upper: int,
+                  upper_what: str) -> np.ndarray:
+    """Value check: ``0 <= lengths[b] <= upper``. Returns the lengths on the host (numpy)."""
+    host = _host(lengths) if isinstance(lengths, torch.Tensor) else lengths
+    bad = (host < 0) | (host > upper)
+    if bad.any():
+        b = int(np.argmax(bad))
         v = int(host[b])
         why = "is negative" if v < 0 else f"exceeds {upper_what} = {upper}"
         raise InputError(f"{name}[{b}] = {v} {why}")
@@ -108,13 +114,13 @@ def check_lengths(lengths: torch.Tensor, name: str, upper: int, upper_what: str)
 
 
 def check_ids(
-    ids: torch.Tensor,
-    lengths: torch.Tensor,
+    ids: torch.Tensor | np.ndarray,
+    lengths: np.ndarray,
     name: str,
     num_classes: int,
     blank: int,
     *,
-    offsets: torch.Tensor | None = None,
+    offsets: np.ndarray | None = None,
 ) -> None:
     """Value check on target ids read by each sequence (padding is never read).
 
@@ -122,31 +128,29 @@ def check_ids(
     ``lengths`` is on the host. Ids must lie in ``[0, num_classes)`` and differ
     from ``blank``.
     """
-    if lengths.numel() == 0:
+    if lengths.size == 0:
         return
-    host = ids.cpu()
+    host = _host(ids) if isinstance(ids, torch.Tensor) else ids
+    if host.size == 0:
+        return
+    bad = (host < 0) | (host >= num_classes) | (host == blank)
     if offsets is None:
-        read = torch.arange(host.shape[1])[None, :] < lengths[:, None]
+        bad &= np.arange(host.shape[1])[None, :] < lengths[:, None]
+    if not bad.any():
+        return
+    if offsets is None:
+        b, s = (int(v) for v in np.unravel_index(int(np.argmax(bad)), bad.shape))
+        v = int(host[b, s])
+        where = f"{name}[{b}, {s}]"
     else:
-        if host.numel() == 0:
-            return
-        b_of = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        read = torch.ones(host.shape, dtype=torch.bool)
-    bad = read & ((host < 0) | (host >= num_classes) | (host == blank))
-    if bad.any():
-        if offsets is None:
-            b, s = (int(v) for v in bad.nonzero()[0])
-            v = int(host[b, s])
-            where = f"{name}[{b}, {s}]"
-        else:
-            i = int(bad.nonzero()[0, 0])
-            b = int(b_of[i])
-            s = i - int(offsets[b])
-            v = int(host[i])
-            where = f"{name}[{i}] (batch item {b}, position {s})"
-        if v == blank:
-            raise InputError(f"{where} = {v} equals blank = {blank}; targets may not contain blank")
-        raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
+        i = int(np.argmax(bad))
+        b = int(np.searchsorted(offsets + lengths, i, side="right"))
+        s = i - int(offsets[b])
+        v = int(host[i])
+        where = f"{name}[{i}] (batch item {b}, position {s})"
+    if v == blank:
+        raise InputError(f"{where} = {v} equals blank = {blank}; targets may not contain blank")
+    raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
 
 
 def ctc_values(
@@ -162,30 +166,48 @@ def ctc_values(
     """Value checks for CTC; returns the targets as padded ``(B, S)`` int64.
 
     Padding entries (past a target length) are replaced by 0, so no kernel ever
-    reads an unchecked id.
+    reads an unchecked id. The checks run on host (numpy) copies of the lengths
+    and ids: on CPU they are views, so the per-call cost stays a few microseconds.
     """
     device = targets.device
+    cpu = device.type == "cpu"
+    tl_host = None
     if validate:
         check_lengths(input_lengths, "input_lengths", T, "log_probs.size(0) (T)")
         if targets.dim() == 2:
-            tl = check_lengths(target_lengths, "target_lengths", targets.shape[1], "targets.size(1)")
+            tl_host = check_lengths(target_lengths, "target_lengths", targets.shape[1],
+                                    "targets.size(1)")
         else:
-            tl = check_lengths(target_lengths, "target_lengths", targets.shape[0], "targets.numel()")
-            total = int(tl.sum())
+            tl_host = check_lengths(target_lengths, "target_lengths", targets.shape[0],
+                                    "targets.numel()")
+            total = int(tl_host.sum())
             if total != targets.shape[0]:
                 raise InputError(
                     f"target_lengths sum to {total} but the concatenated 1-D targets hold "
                     f"{targets.shape[0]} ids"
                 )
-        offsets = None if targets.dim() == 2 else torch.cumsum(tl, 0) - tl
-        check_ids(targets, tl, "targets", C, blank, offsets=offsets)
-        S = int(tl.max()) if tl.numel() else 0
-    else:
-        S = int(target_lengths.max()) if target_lengths.numel() else 0
+        offsets = None if targets.dim() == 2 else np.cumsum(tl_host) - tl_host
+        check_ids(targets, tl_host, "targets", C, blank, offsets=offsets)
+    if cpu:
+        tl_host = _host(target_lengths) if tl_host is None else tl_host
+        tg = _host(targets)
+        if targets.dim() == 2:
+            read = np.arange(tg.shape[1])[None, :] < tl_host[:, None]
+            return torch.from_numpy(np.where(read, tg, 0))
+        S = int(tl_host.max()) if tl_host.size else 0
+        offsets = np.cumsum(tl_host) - tl_host
+        read = np.arange(S)[None, :] < tl_host[:, None]
+        if tg.size == 0:
+            return torch.zeros((tl_host.shape[0], S), dtype=torch.int64)
+        pos = np.minimum(offsets[:, None] + np.arange(S)[None, :], tg.size - 1)
+        return torch.from_numpy(np.where(read, tg[pos], 0))
     if targets.dim() == 2:
         S = targets.shape[1]
         read = torch.arange(S, device=device)[None, :] < target_lengths[:, None]
         return torch.where(read, targets, torch.zeros_like(targets)).contiguous()
+    # Concatenated targets on a device: the padded width is a value (a sync).
+    S = int(tl_host.max()) if tl_host is not None and tl_host.size else (
+        int(target_lengths.max()) if target_lengths.numel() else 0)
     lengths = target_lengths.to(device)
     offsets = torch.cumsum(lengths, 0) - lengths
     pos = offsets[:, None] + torch.arange(S, device=device)[None, :]
@@ -370,6 +392,6 @@ def transducer_values(
                     f"logits.size(0) = {logits.shape[0]} but the packed layout needs "
                     f"sum_b logit_lengths[b] * (target_lengths[b] + 1) = {rows} rows"
                 )
-        offsets = None if targets.dim() == 2 else torch.cumsum(tl, 0) - tl
+        offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
         check_ids(targets, tl, "targets", V, blank, offsets=offsets)
     return ctc_values(targets, logit_lengths, target_lengths, 2**62, V, blank, validate=False)

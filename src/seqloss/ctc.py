@@ -15,9 +15,6 @@ from ._types import Reduction
 IntsLike = Tensor | Sequence[int] | int
 
 
-def _ctc_product(grad: Tensor, grad_loss: Tensor) -> Tensor:
-    return _ops.batch_product(grad, grad_loss, 1)
-
 
 def ctc_loss(
     log_probs: Tensor,
@@ -89,7 +86,7 @@ def ctc_loss(
     # one sequence "sum" is that scalar and "mean" divides it by max(L, 1).
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
     loss, _ = _ops.call_loss_op(
-        _ops.ctc_loss_op, _ctc_product,
+        _ops.ctc_loss_op, _ops.ctc_loss_impl, 1, None,
         log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
         name, compute_grad, bool(validate),
     )

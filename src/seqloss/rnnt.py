@@ -77,13 +77,14 @@ def _loss(
                                       reduction, bool(zero_infinity), name, bool(validate))
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
-        def product(grad: Tensor, grad_loss: Tensor) -> Tensor:
-            if packed and grad_loss.dim():
-                grad_loss = _ops._batch_scale(grad_loss, il.shape[0], True, il, tl, grad.shape[0])  # noqa: SLF001
-            return _ops.batch_product(grad, grad_loss, 0)
+        per_batch = None
+        if packed:
+            def per_batch(g: Tensor) -> Tensor:
+                return _ops._batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])  # noqa: SLF001
 
-        loss, _ = _ops.call_loss_op(_ops.rnnt_loss_op, product, logits, tg, il, tl, blank, clamp,
-                                    fused, fastemit_lambda, reduction, bool(zero_infinity), name,
+        loss, _ = _ops.call_loss_op(_ops.rnnt_loss_op, _ops.rnnt_loss_impl, 0, per_batch, logits,
+                                    tg, il, tl, blank, clamp, fused, fastemit_lambda, reduction,
+                                    bool(zero_infinity), name,
                                     compute_grad, bool(validate))
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
