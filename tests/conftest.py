@@ -81,6 +81,11 @@ def rnnt_backend(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=backend_params("transducer"))
+def lattice_backend(request) -> str:
+    return request.param
+
+
 DEVICES = [pytest.param("cpu", id="cpu")] + [
     pytest.param(
         "cuda",

@@ -8,6 +8,7 @@ from .align import ctc_align, rnnt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
 from .rnnt import RNNTLoss, rnnt_loss, rnnt_loss_packed
+from .transducer.lattice import transducer_lattice
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,5 @@ __all__ = [
     "rnnt_align",
     "rnnt_loss",
     "rnnt_loss_packed",
+    "transducer_lattice",
 ]

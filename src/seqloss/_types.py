@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, Union
+
+import numpy as np
+import torch
 
 Reduction = Literal["none", "sum", "mean"]
 TransducerReduction = Literal["none", "sum", "mean", "mean_volume"]
@@ -12,3 +16,7 @@ BACKENDS: tuple[str, ...] = ("reference", "numba", "triton")
 REDUCTIONS: tuple[str, ...] = ("none", "sum", "mean")
 # NeMo's "mean_volume": sum_b loss_b / sum_b U_b (Parakeet models train with it).
 TRANSDUCER_REDUCTIONS: tuple[str, ...] = (*REDUCTIONS, "mean_volume")
+
+# Lengths: an int32/int64 tensor, a numpy integer array or a sequence of ints (an
+# int for unbatched input).
+IntsLike = Union[torch.Tensor, np.ndarray, Sequence[int], int]

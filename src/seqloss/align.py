@@ -15,9 +15,9 @@ from torch import Tensor
 
 from . import _validate
 from ._dispatch import kernel_module, resolve_backend
+from ._types import IntsLike
 from ._errors import InputError, InputTypeError
 
-IntsLike = Tensor | Sequence[int] | int
 NAN = float("nan")
 
 

@@ -10,9 +10,8 @@ from torch import Tensor
 from . import _ops, _validate
 from ._dispatch import resolve_backend
 from ._module import LossModule
-from ._types import Reduction
+from ._types import IntsLike, Reduction
 
-IntsLike = Tensor | Sequence[int] | int
 
 
 

@@ -10,9 +10,8 @@ from torch import Tensor
 from . import _ops, _validate
 from ._dispatch import resolve_backend
 from ._module import LossModule
-from ._types import TransducerReduction
+from ._types import IntsLike, TransducerReduction
 
-IntsLike = Tensor | Sequence[int]
 
 _DOC_COMMON = r"""
     The loss of sequence ``b`` is ``-log p(y | x)`` summed over every monotonic path

@@ -26,7 +26,8 @@ final state is ``(T_b, U_b)``. Arcs leave frames ``t < T_b`` only:
 * emission arc ``j`` (score ``arc_emit[b, t, u, j]``):
   ``(t, u) -> (t + emit_durations[j], u + 1)``, allowed when ``u < U_b`` and
   ``t + d_j < T_b`` (an emission never ends the utterance: NeMo's multi-blank
-  and TDT end on a blank-like arc)::
+  and TDT end on a blank-like arc), or ``t + d_j <= T_b`` with ``emit_can_end``
+  (k2's "modified" topology, where a path may end on an emission)::
 
     alpha(t, u) = logsumexp( { alpha(t - d_i, u)     + arc_blank[t - d_i, u, i]     }_i
                            u { alpha(t - d_j, u - 1) + arc_emit[t - d_j, u - 1, j]  }_j )
@@ -86,6 +87,7 @@ def transducer_lattice(
     blank_durations: tuple[int, ...],
     emit_durations: tuple[int, ...],
     compute_occupations: bool,
+    emit_can_end: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The transducer lattice recursion (see the module docstring for the math).
 
@@ -97,6 +99,8 @@ def transducer_lattice(
         blank_durations: ``Db`` frame advances, each ``>= 1`` (RNN-T: ``(1,)``).
         emit_durations: ``De`` frame advances, each ``>= 0`` (RNN-T: ``(0,)``).
         compute_occupations: also return the arc occupations (else empty tensors).
+        emit_can_end: an emission may land on the final frame ``T_b`` (k2's
+            "modified" topology): allowed when ``t + e_j <= T_b`` instead of ``< T_b``.
 
     Returns:
         ``log_likelihood (B,)`` in the arcs' dtype (``-inf`` when no path exists),
@@ -133,7 +137,10 @@ def transducer_lattice(
             terms.append(torch.where(ok, v, neg))
         for j, d in enumerate(emit_durations):
             ts, us = t - d, u - 1
-            ok = (ts >= 0)[None] & (us >= 0)[None] & (t[None] < Tb) & (u[None] <= Ub)
+            # Destination frame t: < T_b, or <= T_b when an emission may end the path
+            # (then the source frame must still be < T_b: arcs leave frames t < T_b only).
+            dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
+            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
             tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
             v = alpha[:, tsc, usc] + arc_emit[:, tsc, usc, j]
             terms.append(torch.where(ok, v, neg))
@@ -159,7 +166,8 @@ def transducer_lattice(
             v = arc_blank[:, tc, u, i] + beta[:, (t + d).clamp(max=T), u]
             terms.append(torch.where(ok, v, neg))
         for j, d in enumerate(emit_durations):
-            ok = src_ok & (u[None] < Ub) & (t[None] + d < Tb)
+            lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
+            ok = src_ok & (u[None] < Ub) & lands
             v = arc_emit[:, tc, u, j] + beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)]
             terms.append(torch.where(ok, v, neg))
         beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
@@ -186,7 +194,8 @@ def transducer_lattice(
     for j, d in enumerate(emit_durations):
         dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
         dst = torch.cat([dst[:, :, 1:], torch.full_like(dst[:, :, :1], NEG_INF)], dim=2)
-        ok = src_ok & (uu < Ub[:, :, None]) & (tt + d < Tb[:, :, None])
+        lands = (tt + d <= Tb[:, :, None]) if emit_can_end else (tt + d < Tb[:, :, None])
+        ok = src_ok & (uu < Ub[:, :, None]) & lands
         occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
     return ll, occ_blank, occ_emit
 

@@ -114,3 +114,51 @@ def brute_force_rnnt(
                 else:
                     occ_e[t, u] += p
     return loss, occ_b, occ_e
+
+
+def brute_force_lattice(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    T: int,
+    U: int,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    emit_can_end: bool = False,
+) -> torch.Tensor:
+    """``log sum_paths exp(sum of arc scores)`` of one sequence, by listing every path.
+
+    The lattice of ``seqloss.transducer_lattice``: states ``(t, u)``, from ``(0, 0)``
+    to ``(T, U)``; from a frame ``t < T``, blank-like arc ``i`` goes to
+    ``(t + blank_durations[i], u)`` when that is ``<= T``, emission arc ``j`` to
+    ``(t + emit_durations[j], u + 1)`` when ``u < U`` and the frame is ``< T``
+    (``<= T`` with ``emit_can_end``). Paths are listed by depth-first search (no
+    recursion formula is shared with the kernels).
+
+    Args:
+        arc_blank: ``(T', U' + 1, Db)`` float64 (may require grad), ``T' >= T``, ``U' >= U``.
+        arc_emit: ``(T', U' + 1, De)``.
+
+    Returns:
+        Scalar log-likelihood, ``-inf`` when no path exists (``T = 0`` included);
+        differentiable by autograd, so its gradient is the arcs' occupations.
+    """
+    scores: list[torch.Tensor] = []
+
+    def walk(t: int, u: int, acc: list[torch.Tensor]) -> None:
+        if (t, u) == (T, U) and T > 0:
+            scores.append(torch.stack(acc).sum() if acc else arc_blank.sum() * 0)
+            return
+        if t >= T:
+            return
+        for i, d in enumerate(blank_durations):
+            if t + d <= T:
+                walk(t + d, u, [*acc, arc_blank[t, u, i]])
+        if u < U:
+            for j, d in enumerate(emit_durations):
+                if t + d < T or (emit_can_end and t + d <= T):
+                    walk(t + d, u + 1, [*acc, arc_emit[t, u, j]])
+
+    walk(0, 0, [])
+    if not scores:
+        return arc_blank.sum() * 0 + float("-inf")
+    return torch.logsumexp(torch.stack(scores), dim=0)

@@ -1,0 +1,1 @@
+"""The transducer family: one lattice recursion (``lattice/``) under every transducer loss."""

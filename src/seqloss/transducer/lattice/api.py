@@ -1,0 +1,115 @@
+"""``seqloss.transducer_lattice``: checks, backend resolution, the op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ... import _validate
+from ..._dispatch import resolve_backend
+from ..._errors import InputError, InputTypeError
+from ..._types import IntsLike
+from .op import lattice_op
+
+
+def _durations(x: object, name: str, low: int) -> list[int]:
+    if isinstance(x, (int, bool)) or not isinstance(x, Sequence) or isinstance(x, (str, bytes)):
+        raise InputTypeError(f"{name} must be a sequence of ints, got {type(x).__name__}")
+    out = []
+    for i, d in enumerate(x):
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise InputTypeError(f"{name}[{i}] must be an int, got {type(d).__name__}")
+        if d < low:
+            raise InputError(f"{name}[{i}] = {d} is invalid: expected a duration >= {low}")
+        out.append(int(d))
+    if not out:
+        raise InputError(f"{name} must hold at least one duration")
+    return out
+
+
+def transducer_lattice(
+    arc_blank: Tensor,
+    arc_emit: Tensor,
+    logit_lengths: IntsLike,
+    target_lengths: IntsLike,
+    blank_durations: Sequence[int] = (1,),
+    emit_durations: Sequence[int] = (0,),
+    *,
+    emit_can_end: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    r"""The transducer lattice recursion: the log-likelihood of every path, differentiably.
+
+    Args:
+        arc_blank: ``(B, T, U+1, Db)`` scores of the blank-like arcs; arc ``i`` goes
+            ``(t, u) -> (t + blank_durations[i], u)``, allowed when ``t + d_i <= T_b``.
+        arc_emit: ``(B, T, U+1, De)`` scores of the emission arcs; arc ``j`` goes
+            ``(t, u) -> (t + emit_durations[j], u + 1)``, allowed when ``u < U_b``
+            and ``t + e_j < T_b`` (``<= T_b`` with ``emit_can_end``).
+        logit_lengths: ``(B,)`` frames ``T_b <= T``.
+        target_lengths: ``(B,)`` labels ``U_b <= U``.
+        blank_durations: ``Db`` frame advances, each ``>= 1`` (RNN-T: ``(1,)``).
+        emit_durations: ``De`` frame advances, each ``>= 0`` (RNN-T: ``(0,)``).
+        emit_can_end: let an emission land on the final frame (k2's "modified"
+            topology, where the path may end on an emission).
+        backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
+        validate: check the lengths (a device-to-host sync on CUDA); ``False``
+            skips the check and every other value read.
+
+    Returns:
+        ``(B,)`` log-likelihoods: float32 for half inputs, else the arcs' dtype.
+
+    Arcs leave frames ``t < T_b`` only; paths run from ``(0, 0)`` to ``(T_b, U_b)``::
+
+        alpha(0, 0) = 0
+        alpha(t, u) = logsumexp({alpha(t - d_i, u) + arc_blank[t - d_i, u, i]}_i
+                                u {alpha(t - e_j, u - 1) + arc_emit[t - e_j, u - 1, j]}_j)
+        log_likelihood = alpha(T_b, U_b)        (-inf when no path exists or T_b = 0)
+
+    in a guarded log space (no epsilon). The gradient with respect to each arc is
+    its occupation (the posterior probability that a path takes it); zero for a
+    sequence with no path, and for every entry no path reads (frames ``t >= T_b``,
+    rows ``u > U_b``, emissions at ``u = U_b``), which may hold anything, NaN
+    included. Accumulation in float32 (float64 for float64 arcs).
+
+    RNN-T is ``blank_durations=(1,)``, ``emit_durations=(0,)`` with
+    ``arc_blank = log p(blank)`` and ``arc_emit = log p(y_{u+1})``.
+
+    Backends: reference (any device), numba (CPU), triton (CUDA).
+    Properties: autograd (double backward raises), torch.compile (fullgraph).
+    """
+    _validate.check_float_tensor(arc_blank, "arc_blank")
+    _validate.check_float_tensor(arc_emit, "arc_emit")
+    _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")
+    _validate.check_ndim(arc_emit, "arc_emit", (4,), "(B, T, U+1, De)")
+    if arc_emit.shape[:3] != arc_blank.shape[:3]:
+        raise InputError(
+            f"arc_emit must have shape (B, T, U+1, De) = {tuple(arc_blank.shape[:3])} + (De,), "
+            f"got {tuple(arc_emit.shape)}"
+        )
+    if arc_emit.device != arc_blank.device:
+        raise InputError(f"arc_emit is on {arc_emit.device}, arc_blank on {arc_blank.device}")
+    bd = _durations(blank_durations, "blank_durations", 1)
+    ed = _durations(emit_durations, "emit_durations", 0)
+    if arc_blank.shape[3] != len(bd):
+        raise InputError(
+            f"arc_blank.size(3) = {arc_blank.shape[3]} must equal len(blank_durations) = {len(bd)}"
+        )
+    if arc_emit.shape[3] != len(ed):
+        raise InputError(
+            f"arc_emit.size(3) = {arc_emit.shape[3]} must equal len(emit_durations) = {len(ed)}"
+        )
+    B = arc_blank.shape[0]
+    device = arc_blank.device
+    il = _validate.check_batch(
+        _validate.as_index_tensor(logit_lengths, "logit_lengths", device), "logit_lengths", B)
+    tl = _validate.check_batch(
+        _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
+    name = resolve_backend(backend, device)
+    compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad or arc_emit.requires_grad)
+    ll, _, _ = lattice_op(arc_blank, arc_emit, il, tl, bd, ed, bool(emit_can_end), name,
+                          compute_grad, bool(validate))
+    return ll

@@ -1,0 +1,203 @@
+"""seqloss.transducer_lattice: every backend against brute-force path enumeration."""
+
+from __future__ import annotations
+
+import torch
+from conftest import device_for
+
+import pytest
+import seqloss
+from seqloss.testing import brute_force_lattice
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+DURATIONS = [
+    # (blank_durations, emit_durations, emit_can_end)
+    pytest.param((1,), (0,), False, id="rnnt"),
+    pytest.param((1, 2, 4), (0,), False, id="big-blanks"),
+    pytest.param((1, 2), (0, 1, 2), False, id="tdt-like"),
+    pytest.param((2,), (0, 1), False, id="no-unit-blank"),
+    pytest.param((1,), (1,), True, id="modified-emit-can-end"),
+    pytest.param((1, 3), (0, 1), True, id="tdt-emit-can-end"),
+]
+
+
+def _arcs(B, T, U, bd, ed, *, seed=0, dtype=torch.float64, device="cpu", pad_t=1, pad_u=1):
+    g = torch.Generator().manual_seed(seed)
+    ab = torch.randn(B, T + pad_t, U + 1 + pad_u, len(bd), generator=g, dtype=torch.float64)
+    ae = torch.randn(B, T + pad_t, U + 1 + pad_u, len(ed), generator=g, dtype=torch.float64)
+    return ab.to(device=device, dtype=dtype), ae.to(device=device, dtype=dtype)
+
+
+def _oracle(ab, ae, il, tl, bd, ed, can):
+    """Per-sequence log-likelihood and occupations by brute force (float64, CPU)."""
+    lls, gbs, ges = [], [], []
+    for b in range(ab.shape[0]):
+        a = ab[b].detach().cpu().double().requires_grad_()
+        e = ae[b].detach().cpu().double().requires_grad_()
+        ll = brute_force_lattice(a, e, int(il[b]), int(tl[b]), bd, ed, can)
+        if torch.isfinite(ll):
+            ga, ge = torch.autograd.grad(ll, (a, e), allow_unused=True, materialize_grads=True)
+        else:
+            ga, ge = torch.zeros_like(a), torch.zeros_like(e)
+        lls.append(ll.detach())
+        gbs.append(ga)
+        ges.append(ge)
+    return torch.stack(lls), torch.stack(gbs), torch.stack(ges)
+
+
+def _run(ab, ae, il, tl, bd, ed, can, backend):
+    ab = ab.detach().clone().requires_grad_()
+    ae = ae.detach().clone().requires_grad_()
+    ll = seqloss.transducer_lattice(ab, ae, il, tl, bd, ed, emit_can_end=can, backend=backend)
+    # A -inf log-likelihood still has a gradient: its occupations, all zero.
+    ga, ge = torch.autograd.grad(ll.sum(), (ab, ae))
+    return ll, ga, ge
+
+
+@pytest.mark.parametrize(("bd", "ed", "can"), DURATIONS)
+def test_brute_force(lattice_backend, bd, ed, can):
+    dev = device_for(lattice_backend)
+    B, T, U = 4, 5, 3
+    ab, ae = _arcs(B, T, U, bd, ed, device=dev)
+    il = torch.tensor([5, 4, 3, 0])
+    tl = torch.tensor([3, 0, 2, 1])
+    ll, ga, ge = _run(ab, ae, il, tl, bd, ed, can, lattice_backend)
+    want, wa, we = _oracle(ab, ae, il, tl, bd, ed, can)
+    torch.testing.assert_close(ll.cpu(), want, rtol=1e-10, atol=1e-10)
+    assert ll[3].item() == NEG_INF  # no frame: no path
+    torch.testing.assert_close(ga.cpu(), wa, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ge.cpu(), we, rtol=1e-9, atol=1e-11)
+
+
+def test_neg_inf_arcs_and_infeasible(lattice_backend):
+    dev = device_for(lattice_backend)
+    bd, ed = (1,), (0,)
+    ab, ae = _arcs(3, 4, 2, bd, ed, device=dev)
+    ab[0, :, 1] = NEG_INF  # sequence 0: every blank in row 1 masked, some paths remain
+    ae[1] = NEG_INF  # sequence 1 needs an emission: no path at all
+    il, tl = torch.tensor([4, 4, 3]), torch.tensor([2, 1, 0])
+    ll, ga, ge = _run(ab, ae, il, tl, bd, ed, False, lattice_backend)
+    want, wa, we = _oracle(ab, ae, il, tl, bd, ed, False)
+    torch.testing.assert_close(ll.cpu(), want, rtol=1e-10, atol=1e-10)
+    assert ll[1].item() == NEG_INF
+    assert (ga[1] == 0).all() and (ge[1] == 0).all()
+    torch.testing.assert_close(ga.cpu(), wa, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ge.cpu(), we, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize(("bd", "ed", "can"), DURATIONS[:3] + DURATIONS[4:5])
+def test_nan_in_unread_entries_gets_zero_gradient(lattice_backend, bd, ed, can):
+    dev = device_for(lattice_backend)
+    ab, ae = _arcs(2, 4, 2, bd, ed, device=dev, pad_t=2, pad_u=2)
+    il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
+    clean_ll, clean_a, clean_e = _run(ab, ae, il, tl, bd, ed, can, lattice_backend)
+    T, U1 = ab.shape[1], ab.shape[2]
+    tt = torch.arange(T)[None, :, None]
+    uu = torch.arange(U1)[None, None, :]
+    unread_b = (tt >= il[:, None, None]) | (uu > tl[:, None, None])
+    unread_e = unread_b | (uu == tl[:, None, None])
+    ab2 = ab.masked_fill(unread_b[..., None].to(dev), NAN)
+    ae2 = ae.masked_fill(unread_e[..., None].to(dev), NAN)
+    ll, ga, ge = _run(ab2, ae2, il, tl, bd, ed, can, lattice_backend)
+    torch.testing.assert_close(ll, clean_ll, rtol=0, atol=0)
+    assert torch.equal(ga, clean_a) and torch.equal(ge, clean_e)
+    assert (ga[unread_b.to(dev)] == 0).all() and (ge[unread_e.to(dev)] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_low_precision_against_float64(lattice_backend, dtype):
+    dev = device_for(lattice_backend)
+    bd, ed = (1, 2), (0, 1)
+    ab, ae = _arcs(3, 6, 3, bd, ed, device=dev)
+    ab, ae = ab.to(dtype), ae.to(dtype)
+    il, tl = torch.tensor([6, 5, 4]), torch.tensor([3, 2, 0])
+    ll, ga, ge = _run(ab, ae, il, tl, bd, ed, False, lattice_backend)
+    assert ll.dtype == torch.float32 and ga.dtype == dtype and ge.dtype == dtype
+    want, wa, we = _oracle(ab, ae, il, tl, bd, ed, False)  # on the rounded inputs
+    torch.testing.assert_close(ll.double().cpu(), want, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(ga.double().cpu(), wa, rtol=tol, atol=tol)
+    torch.testing.assert_close(ge.double().cpu(), we, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(("bd", "ed", "can"), [DURATIONS[2], DURATIONS[4]])
+def test_gradcheck(lattice_backend, bd, ed, can):
+    dev = device_for(lattice_backend)
+    ab, ae = _arcs(2, 3, 2, bd, ed, device=dev, pad_t=0, pad_u=0)
+    il, tl = torch.tensor([3, 2]), torch.tensor([2, 1])
+    f = lambda a, e: seqloss.transducer_lattice(a, e, il, tl, bd, ed, emit_can_end=can,
+                                               backend=lattice_backend)
+    assert torch.autograd.gradcheck(f, (ab.requires_grad_(), ae.requires_grad_()))
+
+
+def test_rnnt_arcs_give_the_rnnt_loss(lattice_backend):
+    dev = device_for(lattice_backend)
+    g = torch.Generator().manual_seed(3)
+    B, T, U, V = 2, 4, 2, 5
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64).to(dev)
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
+    lp = x.log_softmax(-1)
+    ab = lp[..., V - 1 :]
+    ae = lp[:, :, :U].gather(3, tg[:, None, :, None].expand(B, T, U, 1).to(dev))
+    ae = torch.cat([ae, torch.zeros_like(ae[:, :, :1])], dim=2)
+    ll = seqloss.transducer_lattice(ab, ae, il, tl, backend=lattice_backend)
+    loss = seqloss.rnnt_loss(x, tg, il, tl, reduction="none", backend="reference")
+    torch.testing.assert_close(-ll, loss, rtol=1e-10, atol=1e-10)
+
+
+def test_opcheck_and_compile(lattice_backend):
+    dev = device_for(lattice_backend)
+    bd, ed = (1, 2), (0, 1)
+    ab, ae = _arcs(2, 3, 2, bd, ed, device=dev)
+    il, tl = torch.tensor([3, 2]), torch.tensor([2, 1])
+    args = (ab.clone().requires_grad_(), ae.clone().requires_grad_(), il, tl, list(bd), list(ed),
+            False, lattice_backend, True, True)
+    torch.library.opcheck(torch.ops.seqloss.transducer_lattice.default, args)
+    torch._dynamo.reset()
+
+    def f(a, e):
+        return seqloss.transducer_lattice(a, e, il, tl, bd, ed, backend=lattice_backend).sum()
+
+    a1, e1 = ab.clone().requires_grad_(), ae.clone().requires_grad_()
+    a2, e2 = ab.clone().requires_grad_(), ae.clone().requires_grad_()
+    y1 = torch.compile(f, fullgraph=True)(a1, e1)
+    y1.backward()
+    y2 = f(a2, e2)
+    y2.backward()
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a1.grad, a2.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(e1.grad, e2.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(bd=(1, 0)), r"blank_durations\[1\] = 0"),
+        (dict(ed=(0, -1)), r"emit_durations\[1\] = -1"),
+        (dict(bd=(1, 2, 3)), r"arc_blank.size\(3\) = 2 must equal len\(blank_durations\) = 3"),
+        (dict(ed=(0,)), r"arc_emit.size\(3\) = 2 must equal len\(emit_durations\) = 1"),
+        (dict(il=[3, 9]), r"logit_lengths\[1\] = 9 exceeds"),
+        (dict(il=[-1, 2]), r"logit_lengths\[0\] = -1 is negative"),
+        (dict(tl=[2, 5]), r"target_lengths\[1\] = 5 exceeds"),
+        (dict(il=[3, 2, 1]), r"logit_lengths must have shape \(2,\)"),
+    ],
+)
+def test_bad_arguments(change, match):
+    bd, ed = change.get("bd", (1, 2)), change.get("ed", (0, 1))
+    ab, ae = _arcs(2, 3, 2, (1, 2), (0, 1), pad_t=0, pad_u=0)
+    il, tl = change.get("il", [3, 2]), change.get("tl", [2, 1])
+    with pytest.raises(seqloss.InputError, match=match):
+        seqloss.transducer_lattice(ab, ae, il, tl, bd, ed)
+
+
+def test_bad_types():
+    ab, ae = _arcs(1, 2, 1, (1,), (0,), pad_t=0, pad_u=0)
+    with pytest.raises(TypeError, match="arc_blank"):
+        seqloss.transducer_lattice(ab.long(), ae, [2], [1])
+    with pytest.raises(TypeError, match=r"blank_durations\[0\]"):
+        seqloss.transducer_lattice(ab, ae, [2], [1], (1.5,))
+    with pytest.raises(seqloss.InputError, match="arc_emit must have shape"):
+        seqloss.transducer_lattice(ab, ae[:, :1], [2], [1])
