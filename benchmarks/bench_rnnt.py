@@ -6,7 +6,7 @@
 Cases (float32, full lengths, blank 0, reduction="sum"): (B=4, T=200, U=50, V=256),
 (B=8, T=150, U=40, V=1024), (B=2, T=500, U=100, V=128). Every implementation
 importable in the running environment is measured; the others are skipped
-(see PEERS.md for the peer environments).
+(see CONTRIBUTING.md, "Peer libraries").
 
 Reported per (implementation, case):
 - time: median of interleaved rounds in one process (each implementation once
@@ -17,7 +17,7 @@ Reported per (implementation, case):
 - ``x seqloss``: the implementation's time over seqloss's;
 - peak extra memory of one call as a multiple of the logits' size, in a fresh
   process per (implementation, case): VmHWM - VmRSS after ``clear_refs``, with
-  ``MALLOC_MMAP_THRESHOLD_=65536`` (``/work/shared/MEASURED.md``). The gradient
+  ``MALLOC_MMAP_THRESHOLD_=65536`` (CONTRIBUTING.md, "Benchmarks"). The gradient
   the call returns counts.
 
 Implementations:

@@ -8,7 +8,7 @@ forward+backward and returns what the call produced). This module runs them:
   median per implementation, so that a noisy shared machine slows all of them
   alike and the ratios stay meaningful.
 - ``peak_memory_subprocess``: extra peak resident memory of one call, measured
-  in a fresh process per (implementation, case) as ``/work/shared/MEASURED.md``
+  in a fresh process per (implementation, case) as CONTRIBUTING.md ("Benchmarks")
   defines it: after one warm-up call, ``echo 5 > /proc/self/clear_refs``, read
   ``VmRSS``, run one call (its result, e.g. the gradient, counts), read
   ``VmHWM``; report the difference. ``MALLOC_MMAP_THRESHOLD_=65536`` makes freed

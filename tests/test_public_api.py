@@ -1,0 +1,38 @@
+"""The public names are the contract (API.md): pin them."""
+
+from __future__ import annotations
+
+import inspect
+
+import seqloss
+
+PUBLIC = {
+    "CTCLoss", "InputError", "RNNTLoss", "ctc_align", "ctc_loss", "diagnose", "grad_clamp",
+    "rnnt_align", "rnnt_loss", "rnnt_loss_packed", "transducer_lattice",
+}
+
+
+def test_all_is_pinned():
+    assert set(seqloss.__all__) == PUBLIC
+    assert len(seqloss.__all__) == len(set(seqloss.__all__))
+    for name in seqloss.__all__:
+        assert getattr(seqloss, name) is not None
+
+
+def test_argument_order_of_the_drop_ins():
+    def params(fn):
+        return list(inspect.signature(fn).parameters)
+
+    assert params(seqloss.ctc_loss)[:7] == [
+        "log_probs", "targets", "input_lengths", "target_lengths", "blank", "reduction",
+        "zero_infinity"]
+    assert params(seqloss.rnnt_loss)[:8] == [
+        "logits", "targets", "logit_lengths", "target_lengths", "blank", "clamp", "reduction",
+        "fused_log_softmax"]
+    assert params(seqloss.transducer_lattice)[:6] == [
+        "arc_blank", "arc_emit", "logit_lengths", "target_lengths", "blank_durations",
+        "emit_durations"]
+    for fn in (seqloss.ctc_loss, seqloss.rnnt_loss, seqloss.transducer_lattice):
+        sig = inspect.signature(fn)
+        assert sig.parameters["backend"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert sig.parameters["validate"].kind is inspect.Parameter.KEYWORD_ONLY
