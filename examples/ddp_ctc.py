@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import seqloss
-from seqloss import _demo_data as D
+from seqloss.demo import data as D
 
 
 def shard_loss(model: torch.nn.Module, batch: D.Batch, world: int, global_batch: int,

@@ -204,7 +204,7 @@ def test_demo_runs_and_writes_png(tmp_path):
 def test_demo_without_matplotlib_prints_hint(monkeypatch, tmp_path):
     from rich.console import Console
 
-    from seqloss import _demo, _demo_data
+    from seqloss.demo import data as _demo_data, run as _demo
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     console = Console(record=True, width=200)

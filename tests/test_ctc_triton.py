@@ -13,7 +13,7 @@ from conftest import device_for
 
 pytest.importorskip("triton")
 triton_ctc = pytest.importorskip("seqloss.kernels.triton_cuda.ctc")
-from seqloss.reference import ctc as reference_ctc  # noqa: E402
+from seqloss.ctc import reference as reference_ctc  # noqa: E402
 
 INF = float("inf")
 

@@ -42,7 +42,7 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     state, losses = mod.train(steps=4, global_batch=6, seed=3, lr=0.5, backend="auto")
     single = {"state": state, "losses": losses}
     torch.manual_seed(3)
-    from seqloss._demo_data import TinyCTC
+    from seqloss.demo.data import TinyCTC
 
     init = TinyCTC().state_dict()
     assert ddp["state"].keys() == single["state"].keys()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import pytest
 import seqloss
-from seqloss import _ops
+from seqloss.transducer import op as _ops
 from seqloss.testing import assert_close_budget, brute_force_rnnt
 
 INF = float("inf")

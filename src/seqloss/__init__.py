@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from ._errors import InputError
-from ._grad_clamp import grad_clamp
+from ._core.errors import InputError
+from ._core.grad_clamp import grad_clamp
 from .align import ctc_align, rnnt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
-from .rnnt import RNNTLoss, rnnt_loss, rnnt_loss_packed
-from .transducer.lattice import transducer_lattice
+from .transducer import RNNTLoss, rnnt_loss, rnnt_loss_packed, transducer_lattice
 
 __version__ = "0.1.0"
 

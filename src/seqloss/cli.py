@@ -50,7 +50,7 @@ def _console():  # noqa: ANN202 - rich Console
 
 # --------------------------------------------------------------------------- demo
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from .demo import run_demo
 
     return run_demo(steps=args.steps, out=args.out, seed=args.seed, backend=args.backend,
                     console=_console())
@@ -79,7 +79,7 @@ def _load_args(path: str) -> dict | str:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from ._errors import InputError
+    from ._core.errors import InputError
     from .diagnose import diagnose
 
     prog = "seqloss doctor"

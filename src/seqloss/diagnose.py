@@ -30,8 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _validate
-from ._errors import InputError
+from ._core import checks as _validate
+from ._core.errors import InputError
+from .ctc.checks import ctc_values
 
 KINDS = ("ctc", "rnnt")
 
@@ -349,7 +350,7 @@ def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
         x, grad, loss = x.unsqueeze(1), grad.unsqueeze(1), loss.reshape(1)
         tg, il, tl = tg.reshape(1, -1), il.reshape(1), tl.reshape(1)
     T, B, C = x.shape
-    padded = _validate.ctc_values(tg, il, tl, T, C, blank, validate=False).cpu()
+    padded = ctc_values(tg, il, tl, T, C, blank, validate=False).cpu()
     il, tl = il.cpu(), tl.cpu()
     lp = torch.log_softmax(x.double(), dim=-1) if fused else x
     tol = _NORM_TOL[x.dtype]
@@ -420,7 +421,7 @@ def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
 
 
 def _backend_name(a: dict, device: torch.device) -> str:
-    from ._dispatch import resolve_backend
+    from ._core.dispatch import resolve_backend
 
     try:
         return resolve_backend(a.get("backend", "auto"), device)

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import torch
 
-from ._logspace import logaddexp
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -78,126 +77,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-# --------------------------------------------------------------------------- core
-def transducer_lattice(
-    arc_blank: torch.Tensor,
-    arc_emit: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-    blank_durations: tuple[int, ...],
-    emit_durations: tuple[int, ...],
-    compute_occupations: bool,
-    emit_can_end: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The transducer lattice recursion (see the module docstring for the math).
-
-    Args:
-        arc_blank: ``(B, T, U+1, Db)`` float32/float64 scores of the blank-like arcs.
-        arc_emit: ``(B, T, U+1, De)`` scores of the emission arcs (same dtype).
-        logit_lengths: ``(B,)`` int64 ``T_b <= T``, validated.
-        target_lengths: ``(B,)`` int64 ``U_b <= U``, validated.
-        blank_durations: ``Db`` frame advances, each ``>= 1`` (RNN-T: ``(1,)``).
-        emit_durations: ``De`` frame advances, each ``>= 0`` (RNN-T: ``(0,)``).
-        compute_occupations: also return the arc occupations (else empty tensors).
-        emit_can_end: an emission may land on the final frame ``T_b`` (k2's
-            "modified" topology): allowed when ``t + e_j <= T_b`` instead of ``< T_b``.
-
-    Returns:
-        ``log_likelihood (B,)`` in the arcs' dtype (``-inf`` when no path exists),
-        ``occ_blank`` and ``occ_emit`` shaped like the arcs (or empty).
-
-    The reference runs one vectorized step per anti-diagonal ``n = t + u``
-    (batch and the diagonal's states at once), in the arcs' dtype (callers pass
-    float64 for the reference's own use).
-    """
-    B, T, U1, Db = arc_blank.shape
-    De = arc_emit.shape[3]
-    device, dt = arc_blank.device, arc_blank.dtype
-    Tb = logit_lengths.to(device)[:, None]
-    Ub = target_lengths.to(device)[:, None]
-    bidx = torch.arange(B, device=device)[:, None]
-    alpha = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
-    alpha[:, 0, 0] = 0.0
-    neg = torch.tensor(NEG_INF, dtype=dt, device=device)
-
-    def diag(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        u = torch.arange(max(0, n - T), min(n, U1 - 1) + 1, device=device)
-        return n - u, u
-
-    for n in range(1, T + U1):
-        t, u = diag(n)
-        if t.numel() == 0:
-            continue
-        terms = []
-        for i, d in enumerate(blank_durations):
-            ts = t - d
-            ok = (ts >= 0)[None] & (ts[None] < Tb) & (t[None] <= Tb) & (u[None] <= Ub)
-            tsc = ts.clamp(min=0)
-            v = alpha[:, tsc, u] + arc_blank[:, tsc, u, i]
-            terms.append(torch.where(ok, v, neg))
-        for j, d in enumerate(emit_durations):
-            ts, us = t - d, u - 1
-            # Destination frame t: < T_b, or <= T_b when an emission may end the path
-            # (then the source frame must still be < T_b: arcs leave frames t < T_b only).
-            dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
-            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
-            tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
-            v = alpha[:, tsc, usc] + arc_emit[:, tsc, usc, j]
-            terms.append(torch.where(ok, v, neg))
-        alpha[:, t, u] = logaddexp(*terms)
-
-    b1 = torch.arange(B, device=device)
-    ll = alpha[b1, logit_lengths.to(device), target_lengths.to(device)]
-    ll = torch.where(logit_lengths.to(device) == 0, neg, ll)
-    if not compute_occupations:
-        return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
-
-    beta = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
-    beta[b1, logit_lengths.to(device), target_lengths.to(device)] = 0.0
-    for n in range(T + U1 - 2, -1, -1):
-        t, u = diag(n)
-        if t.numel() == 0:
-            continue
-        src_ok = (t[None] < Tb) & (u[None] <= Ub)
-        tc = t.clamp(max=T - 1) if T > 0 else t
-        terms = []
-        for i, d in enumerate(blank_durations):
-            ok = src_ok & (t[None] + d <= Tb)
-            v = arc_blank[:, tc, u, i] + beta[:, (t + d).clamp(max=T), u]
-            terms.append(torch.where(ok, v, neg))
-        for j, d in enumerate(emit_durations):
-            lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
-            ok = src_ok & (u[None] < Ub) & lands
-            v = arc_emit[:, tc, u, j] + beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)]
-            terms.append(torch.where(ok, v, neg))
-        beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
-    del bidx
-
-    tt = torch.arange(T, device=device)[None, :, None]
-    uu = torch.arange(U1, device=device)[None, None, :]
-    src_ok = (tt < Tb[:, :, None]) & (uu <= Ub[:, :, None])
-    a = alpha[:, :T]
-    ll_safe = torch.where(ll == NEG_INF, torch.zeros_like(ll), ll)[:, None, None]
-    feasible = (ll != NEG_INF)[:, None, None]
-
-    def occ(score: torch.Tensor, dst_beta: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-        ok = ok & feasible
-        x = torch.where(ok, a + score + dst_beta - ll_safe, neg)
-        return torch.exp(x)
-
-    occ_blank = torch.zeros_like(arc_blank)
-    for i, d in enumerate(blank_durations):
-        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
-        ok = src_ok & (tt + d <= Tb[:, :, None])
-        occ_blank[..., i] = occ(arc_blank[..., i], dst, ok)
-    occ_emit = torch.zeros_like(arc_emit)
-    for j, d in enumerate(emit_durations):
-        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
-        dst = torch.cat([dst[:, :, 1:], torch.full_like(dst[:, :, :1], NEG_INF)], dim=2)
-        lands = (tt + d <= Tb[:, :, None]) if emit_can_end else (tt + d < Tb[:, :, None])
-        ok = src_ok & (uu < Ub[:, :, None]) & lands
-        occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
-    return ll, occ_blank, occ_emit
+from ..transducer.lattice.reference import transducer_lattice  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- RNN-T

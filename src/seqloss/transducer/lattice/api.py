@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ... import _validate
-from ..._dispatch import resolve_backend
-from ..._errors import InputError, InputTypeError
-from ..._types import IntsLike
+from ..._core import checks as _validate
+from ..._core.dispatch import resolve_backend
+from ..._core.errors import InputError, InputTypeError
+from ..._core.types import IntsLike
 from .op import lattice_op
 
 

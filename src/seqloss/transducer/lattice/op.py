@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ... import _validate
-from ..._dispatch import kernel_module
-from ..._ops import grad_to_hand_on
+from ..._core import checks as _validate
+from ..._core.dispatch import kernel_module
+from ..._core.ops import grad_to_hand_on
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:

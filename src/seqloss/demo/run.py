@@ -1,7 +1,7 @@
 """``seqloss demo``: a one-minute tour on CPU, with nothing to download.
 
 Trains a tiny CTC model (and a tiny RNN-T model when ``seqloss.rnnt_loss`` exists) on
-the synthetic task of :mod:`seqloss._demo_data`, then shows seqloss beside torch's
+the synthetic task of :mod:`seqloss.demo.data`, then shows seqloss beside torch's
 ``ctc_loss`` on the same batch, a half-precision batch, an impossible sequence, and
 writes an alignment heatmap.
 """
@@ -20,7 +20,7 @@ from rich.table import Table
 
 import seqloss
 
-from . import _demo_data as D
+from . import data as D
 
 PLOT_HINT = "matplotlib is not installed: pip install seqloss[plot] to get the alignment heatmap"
 
@@ -311,7 +311,7 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
         numba.set_num_threads(1)
     except ImportError:
         pass
-    from ._dispatch import resolve_backend
+    from .._core.dispatch import resolve_backend
 
     name = resolve_backend(backend, torch.device("cpu"))
     console.rule("[bold]seqloss demo")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._logspace import logaddexp
+from .._core.logspace import logaddexp
 
 NEG_INF = float("-inf")
 

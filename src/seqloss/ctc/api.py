@@ -7,10 +7,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import _ops, _validate
-from ._dispatch import resolve_backend
-from ._module import LossModule
-from ._types import IntsLike, Reduction
+from .._core import checks
+from .._core.dispatch import resolve_backend
+from .._core.module import LossModule
+from .._core.ops import call_loss_op
+from .._core.types import IntsLike, Reduction
+from .checks import ctc_inputs
+from .op import ctc_loss_impl, ctc_loss_op
 
 
 
@@ -73,9 +76,9 @@ def ctc_loss(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd, torch.compile (fullgraph), deterministic.
     """
-    _validate.check_float_tensor(log_probs, "log_probs")
-    _validate.check_reduction(reduction)
-    log_probs, tg, il, tl, unbatched = _validate.ctc_inputs(
+    checks.check_float_tensor(log_probs, "log_probs")
+    checks.check_reduction(reduction)
+    log_probs, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
     )
     device = log_probs.device
@@ -84,8 +87,8 @@ def ctc_loss(
     # Unbatched input gives a scalar for every reduction (torch's behaviour); with
     # one sequence "sum" is that scalar and "mean" divides it by max(L, 1).
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
-    loss, _ = _ops.call_loss_op(
-        _ops.ctc_loss_op, _ops.ctc_loss_impl, 1, None,
+    loss, _ = call_loss_op(
+        ctc_loss_op, ctc_loss_impl, 1, None,
         log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
         name, compute_grad, bool(validate),
     )

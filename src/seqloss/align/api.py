@@ -13,10 +13,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import _validate
-from ._dispatch import kernel_module, resolve_backend
-from ._types import IntsLike
-from ._errors import InputError, InputTypeError
+from .._core import checks as _validate
+from .._core.dispatch import kernel_module, resolve_backend
+from .._core.errors import InputError, InputTypeError
+from .._core.types import IntsLike
+from ..ctc.checks import ctc_inputs, ctc_values
 
 NAN = float("nan")
 
@@ -103,12 +104,12 @@ def ctc_align(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: no autograd (results are detached), deterministic.
     """
-    lp, tg, il, tl, unbatched = _validate.ctc_inputs(
+    lp, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
     )
     T, B, C = lp.shape
     name = resolve_backend(backend, lp.device)
-    padded = _validate.ctc_values(tg, il, tl, T, C, blank, validate=validate)
+    padded = ctc_values(tg, il, tl, T, C, blank, validate=validate)
     if validate:
         _check_ctc_feasible(padded, il, tl)
     labels, scores = kernel_module("align", name).ctc_align_forward(lp, padded, il, tl, blank)

@@ -7,10 +7,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from . import _ops, _validate
-from ._dispatch import resolve_backend
-from ._module import LossModule
-from ._types import IntsLike, TransducerReduction
+from .._core import checks
+from .._core.dispatch import resolve_backend
+from .._core.module import LossModule
+from .._core.ops import call_loss_op
+from .._core.types import IntsLike, TransducerReduction
+from .checks import transducer_inputs
+from .op import _batch_scale, rnnt_loss_impl, rnnt_loss_inplace, rnnt_loss_op
 
 
 _DOC_COMMON = r"""
@@ -63,25 +66,25 @@ def _loss(
     blank: int, clamp: float, reduction: str, fused_log_softmax: bool, fastemit_lambda: float,
     backend: str, validate: bool, zero_infinity: bool, inplace_grad: bool, packed: bool,
 ) -> Tensor:
-    tg, il, tl, blank = _validate.transducer_inputs(
+    tg, il, tl, blank = transducer_inputs(
         logits, targets, logit_lengths, target_lengths, blank, packed=packed
     )
-    _validate.check_reduction(reduction, transducer=True)
-    clamp = _validate.check_float_arg(clamp, "clamp")
-    fastemit_lambda = _validate.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    checks.check_reduction(reduction, transducer=True)
+    clamp = checks.check_float_arg(clamp, "clamp")
+    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, logits.device)
     fused = bool(fused_log_softmax)
     if inplace_grad:
-        loss = _ops.rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
+        loss = rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
                                       reduction, bool(zero_infinity), name, bool(validate))
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
         per_batch = None
         if packed:
             def per_batch(g: Tensor) -> Tensor:
-                return _ops._batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])  # noqa: SLF001
+                return _batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])
 
-        loss, _ = _ops.call_loss_op(_ops.rnnt_loss_op, _ops.rnnt_loss_impl, 0, per_batch, logits,
+        loss, _ = call_loss_op(rnnt_loss_op, rnnt_loss_impl, 0, per_batch, logits,
                                     tg, il, tl, blank, clamp, fused, fastemit_lambda, reduction,
                                     bool(zero_infinity), name,
                                     compute_grad, bool(validate))

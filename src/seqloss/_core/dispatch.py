@@ -19,13 +19,27 @@ from types import ModuleType
 
 import torch
 
-from ._errors import InputError, InputTypeError
-from ._types import BACKENDS
+from .errors import InputError, InputTypeError
+from .types import BACKENDS
 
+# family -> backend -> module. Each backend module of a family exposes the same
+# functions with the same signatures (the family's reference documents them).
 _MODULES = {
-    "reference": "seqloss.reference.{family}",
-    "numba": "seqloss.kernels.numba_cpu.{family}",
-    "triton": "seqloss.kernels.triton_cuda.{family}",
+    "ctc": {
+        "reference": "seqloss.ctc.reference",
+        "numba": "seqloss.kernels.numba_cpu.ctc",
+        "triton": "seqloss.kernels.triton_cuda.ctc",
+    },
+    "transducer": {
+        "reference": "seqloss.reference.transducer",
+        "numba": "seqloss.kernels.numba_cpu.transducer",
+        "triton": "seqloss.kernels.triton_cuda.transducer",
+    },
+    "align": {
+        "reference": "seqloss.align.reference",
+        "numba": "seqloss.kernels.numba_cpu.align",
+        "triton": "seqloss.kernels.triton_cuda.align",
+    },
 }
 
 
@@ -86,4 +100,4 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 def kernel_module(family: str, backend: str) -> ModuleType:
     """The module implementing ``family`` ("ctc", "transducer", ...) on ``backend``."""
-    return importlib.import_module(_MODULES[backend].format(family=family))
+    return importlib.import_module(_MODULES[family][backend])

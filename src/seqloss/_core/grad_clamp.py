@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._errors import InputError, InputTypeError
+from .errors import InputError, InputTypeError
 
 
 class _GradClamp(torch.autograd.Function):

@@ -1,0 +1,1 @@
+"""Shared machinery: errors, argument checks, dispatch, reductions, op helpers, the family registry."""

@@ -1,0 +1,188 @@
+"""Input checks shared by every loss.
+
+Shape and dtype checks run in the public functions (they only read metadata, so
+they also run while tracing). Checks that read values (lengths, ids) run inside
+the op implementations, eagerly, so ``torch.compile`` never graph-breaks on them.
+Every message names the argument, the batch index where there is one, and what
+was expected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .errors import InputError, InputTypeError
+from .types import REDUCTIONS, TRANSDUCER_REDUCTIONS
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_float_tensor(x: object, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise InputTypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise InputTypeError(
+            f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}"
+        )
+    return x
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def as_index_tensor(
+    x: object, name: str, device: torch.device, *, allow_scalar: bool = False
+) -> torch.Tensor:
+    """``x`` as an int64 tensor on ``device``.
+
+    Accepts int32/int64 tensors (any shape; the batch check reshapes), numpy integer
+    arrays, Python sequences of ints (numpy integer scalars and 0-D integer tensors
+    included) and, with ``allow_scalar``, a single int.
+    """
+    if isinstance(x, torch.Tensor):
+        if x.dtype not in INDEX_DTYPES:
+            raise InputTypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
+        t = x
+    elif isinstance(x, np.ndarray):
+        if x.dtype.kind not in "iu" or x.dtype.itemsize > 8 or x.dtype == np.uint64:
+            raise InputTypeError(f"{name} must be an integer array, got a numpy {x.dtype} array")
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+    elif isinstance(x, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be an integer tensor or a sequence of ints, got bool")
+    elif _is_int(x) and allow_scalar:
+        t = torch.tensor(int(x), dtype=torch.int64)
+    elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
+        for i, v in enumerate(x):
+            if not _is_int(v):
+                if isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() == 0:
+                    continue
+                raise InputTypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
+        t = torch.tensor([int(v) for v in x], dtype=torch.int64)
+    else:
+        raise InputTypeError(
+            f"{name} must be an int32/int64 tensor, a numpy integer array or a sequence "
+            f"of ints, got {type(x).__name__}"
+        )
+    if t.dtype != torch.int64 or t.device != device:
+        t = t.to(device=device, dtype=torch.int64)
+    return t
+
+
+def check_ndim(x: torch.Tensor, name: str, ndims: Sequence[int], what: str) -> None:
+    if x.dim() not in ndims:
+        raise InputError(f"{name} must be {what}, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+
+
+def check_batch(x: torch.Tensor, name: str, batch: int) -> torch.Tensor:
+    """``x`` as ``(batch,)``; a 0-D or ``(1, 1)`` tensor is accepted for a batch of one."""
+    if x.dim() == 1 and x.shape[0] == batch:
+        return x
+    if batch == 1 and x.numel() == 1 and x.dim() in (0, 2):
+        return x.reshape(1)
+    raise InputError(
+        f"{name} must have shape ({batch},) (one entry per batch item), got {tuple(x.shape)}"
+    )
+
+
+def check_reduction(reduction: object, *, transducer: bool = False) -> None:
+    allowed = TRANSDUCER_REDUCTIONS if transducer else REDUCTIONS
+    if not isinstance(reduction, str) or reduction not in allowed:
+        raise InputError(f"reduction must be one of {allowed}, got {reduction!r}")
+
+
+def to_host(x: torch.Tensor) -> np.ndarray:
+    """An int64 numpy view (CPU) or copy (other devices: a device-to-host sync) of ``x``."""
+    return x.detach().cpu().numpy()
+
+
+def check_lengths(lengths: torch.Tensor | np.ndarray, name: str, upper: int,
+                  upper_what: str) -> np.ndarray:
+    """Value check: ``0 <= lengths[b] <= upper``. Returns the lengths on the host (numpy)."""
+    host = to_host(lengths) if isinstance(lengths, torch.Tensor) else lengths
+    bad = (host < 0) | (host > upper)
+    if bad.any():
+        b = int(np.argmax(bad))
+        v = int(host[b])
+        why = "is negative" if v < 0 else f"exceeds {upper_what} = {upper}"
+        raise InputError(f"{name}[{b}] = {v} {why}")
+    return host
+
+
+def check_ids(
+    ids: torch.Tensor | np.ndarray,
+    lengths: np.ndarray,
+    name: str,
+    num_classes: int,
+    blank: int,
+    *,
+    offsets: np.ndarray | None = None,
+) -> None:
+    """Value check on target ids read by each sequence (padding is never read).
+
+    ``ids`` is ``(B, S)`` padded, or 1-D concatenated with per-item ``offsets``;
+    ``lengths`` is on the host. Ids must lie in ``[0, num_classes)`` and differ
+    from ``blank``.
+    """
+    if lengths.size == 0:
+        return
+    host = to_host(ids) if isinstance(ids, torch.Tensor) else ids
+    if host.size == 0:
+        return
+    bad = (host < 0) | (host >= num_classes) | (host == blank)
+    if offsets is None:
+        bad &= np.arange(host.shape[1])[None, :] < lengths[:, None]
+    if not bad.any():
+        return
+    if offsets is None:
+        b, s = (int(v) for v in np.unravel_index(int(np.argmax(bad)), bad.shape))
+        v = int(host[b, s])
+        where = f"{name}[{b}, {s}]"
+    else:
+        i = int(np.argmax(bad))
+        b = int(np.searchsorted(offsets + lengths, i, side="right"))
+        s = i - int(offsets[b])
+        v = int(host[i])
+        where = f"{name}[{i}] (batch item {b}, position {s})"
+    if v == blank:
+        raise InputError(f"{where} = {v} equals blank = {blank}; targets may not contain blank")
+    raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
+
+
+def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
+    """``targets`` (int32/int64 tensor or a (nested) sequence of ints) as int64 on ``device``."""
+    if isinstance(targets, torch.Tensor):
+        if targets.dtype not in INDEX_DTYPES:
+            raise InputTypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
+        return targets.to(device=device, dtype=torch.int64)
+    if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
+        try:
+            t = torch.tensor(targets) if len(targets) else torch.zeros(0, dtype=torch.int64)
+        except (ValueError, TypeError) as e:
+            lens = [len(r) if isinstance(r, Sequence) else None for r in targets]
+            if all(n is not None for n in lens) and len(set(lens)) > 1:
+                b = next(i for i, n in enumerate(lens) if n != lens[0])
+                raise InputError(
+                    f"targets is a ragged nested sequence: row 0 has {lens[0]} ids, row {b} "
+                    f"has {lens[b]}; pass padded (B, S) targets (pad with any id) or the "
+                    f"concatenated 1-D ids"
+                ) from None
+            raise InputTypeError(f"targets must hold ints: {e}") from None
+        if t.dtype not in INDEX_DTYPES:
+            raise InputTypeError(f"targets must hold ints, got {t.dtype}")
+        return t.to(device=device, dtype=torch.int64)
+    raise InputTypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+
+
+def check_float_arg(x: object, name: str, *, low: float | None = None) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise InputTypeError(f"{name} must be a float, got {type(x).__name__}")
+    x = float(x)
+    if x != x or x in (float("inf"), float("-inf")) or (low is not None and x < low):
+        raise InputError(f"{name} = {x} is invalid: expected a finite value" +
+                         (f" >= {low}" if low is not None else ""))
+    return x

@@ -1,0 +1,236 @@
+"""torch.library registrations: op schemas, fake kernels, autograd.
+
+Each loss is one custom op returning per-sequence ``(loss, grad)``: the gradient
+is computed in the forward pass (function merging, as torchaudio does) and the
+backward only scales it by the incoming per-sequence gradient. The backend is a
+string argument, resolved before the call, so tests can force the Triton kernels
+on CPU tensors under ``TRITON_INTERPRET=1``.
+
+Value checks (lengths, ids) run inside the op implementations: those run eagerly
+even under ``torch.compile``, so checking there costs no graph break.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+
+NAN = float("nan")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# --------------------------------------------------------------------------- shared
+@torch.library.custom_op("seqloss::scale_grad", mutates_args=())
+def scale_grad(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
+    """``grad * grad_out`` with ``grad_out (B,)`` broadcast along ``grad``'s ``batch_dim``."""
+    shape = [1] * grad.dim()
+    shape[batch_dim] = grad_out.shape[0]
+    g = grad_out.reshape(shape)
+    if grad.dtype in (torch.float16, torch.bfloat16):
+        return (grad.float() * g.float()).to(grad.dtype)
+    return grad * g.to(grad.dtype)
+
+
+@scale_grad.register_fake
+def _(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
+    return torch.empty_like(grad)
+
+
+def _no_double_backward(ctx, g):  # noqa: ANN001
+    raise RuntimeError(
+        "seqloss: double backward is not supported (the loss's gradient is computed "
+        "in the forward pass and is not itself differentiable)"
+    )
+
+
+scale_grad.register_autograd(_no_double_backward)
+
+
+def _keep_graph() -> bool:
+    """Whether the running backward keeps the graph (``retain_graph=True``)."""
+    f = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)  # noqa: SLF001
+    return True if f is None else bool(f())
+
+
+def _all_ones(g: Tensor) -> bool:
+    # .item() of a CPU scalar is ~1 us, a torch reduction ~8 us (both sync on CUDA).
+    return g.item() == 1 if g.numel() == 1 else bool((g == 1).all())
+
+
+def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: bool,
+                    batch_scale=None) -> Tensor:  # noqa: ANN001
+    """The gradient a loss op's backward returns: the saved one times the incoming one.
+
+    The usual ``loss.backward()`` on a reduced loss has an incoming gradient of 1:
+    the saved gradient then goes on as it is (detached, so ``autograd.grad`` gives a
+    plain tensor), with no second logits-sized tensor. That is safe only when nothing
+    can see the saved tensor again: not while the graph is kept (``retain_graph``: a
+    leaf's ``.grad`` would alias it, and ``x.grad.zero_()`` would change the next
+    backward), nor under ``create_graph`` or tracing. Otherwise the product is a
+    fresh tensor, through ``scale_grad`` (whose backward raises the double-backward
+    error). The value check is a sync on CUDA: ``validate=False`` skips it.
+    """
+    if (validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
+            and not _keep_graph() and _all_ones(grad_loss)):
+        return grad.detach()
+    if batch_scale is not None:
+        g = batch_scale(grad_loss)
+    else:
+        g = grad_loss.expand(grad.shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss
+    return scale_grad(grad, g, batch_dim)
+
+
+def conform_layout(grad: Tensor, like: Tensor) -> Tensor:
+    """``grad`` with the strides ``torch.empty_like(like)`` has, as the fake kernels promise.
+
+    The kernels follow the input's layout when they can (a transposed ``(B, T, C)``
+    input gets a transposed gradient); an input of any other layout gets whatever
+    the kernel made, so match the fake kernel's rule here (a copy, rare).
+    """
+    if grad.numel() == 0 or grad.stride() == like.stride():
+        return grad
+    want = torch.empty_like(like, device="meta").stride()
+    if grad.stride() == want:
+        return grad
+    return torch.empty_like(like, dtype=grad.dtype).copy_(grad)
+
+
+def poison_nonfinite(
+    log_probs: Tensor, lengths: Tensor, loss: Tensor, grad: Tensor, time_dim: int, batch_dim: int
+) -> tuple[Tensor, Tensor]:
+    """NaN loss and gradient for sequences whose read frames hold NaN or ``+inf``.
+
+    The contract is per sequence: any NaN/``+inf`` in a frame before the
+    sequence's length, whatever the class, poisons that sequence only; padding
+    frames keep exactly zero gradient. ``amax`` propagates NaN, so one reduction
+    over the class axis finds both. ``grad`` (the kernel's own fresh tensor) is
+    updated in place. On CPU the masking is skipped when nothing is bad; on CUDA it
+    always runs, so no device-to-host sync happens here.
+    """
+    frame_max = log_probs.amax(dim=-1)  # time and batch axes remain
+    if log_probs.device.type == "cpu":
+        fm = frame_max.numpy() if frame_max.dtype in (torch.float32, torch.float64) else (
+            frame_max.float().numpy())
+        if (fm < np.inf).all():
+            return loss, grad  # the common case: one check, no masks
+    if time_dim > batch_dim:
+        frame_max = frame_max.transpose(0, 1)
+    T = frame_max.shape[0]
+    valid = torch.arange(T, device=frame_max.device)[:, None] < lengths.to(frame_max.device)[None, :]
+    frame_bad = ~(frame_max < float("inf")) & valid
+    bad = frame_bad.any(dim=0)
+    if log_probs.device.type == "cpu" and not bool(bad.any()):
+        return loss, grad
+    loss = loss.masked_fill(bad, NAN)
+    if grad.numel():
+        m = valid & bad[None, :]
+        if time_dim > batch_dim:
+            m = m.transpose(0, 1)
+        grad.masked_fill_(m.unsqueeze(-1), NAN)
+    return loss, grad
+
+
+def _functorch_wrapped(t: Tensor) -> bool:
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
+
+
+def _loss_backward(ctx, grad_loss: Tensor | None) -> Tensor | None:  # noqa: ANN001
+    if grad_loss is None:
+        return None
+    (grad,) = ctx.saved_tensors
+    if _functorch_wrapped(grad_loss):
+        g = grad_loss if ctx.per_batch is None else ctx.per_batch(grad_loss)
+        return batch_product(grad, g, ctx.batch_dim)
+    return grad_to_hand_on(grad, grad_loss, ctx.batch_dim, ctx.validate, ctx.per_batch)
+
+
+class _EagerLoss(torch.autograd.Function):
+    """A loss op's implementation in eager mode: the same function as the registered op,
+    behind a plain ``autograd.Function``.
+
+    Why not the ``torch.library`` op everywhere: its Python dispatch costs ~30 us per
+    call (measured: 32 us for an op with an empty body, against 8 us for this), most
+    of a small batch's budget. Under ``torch.compile`` and any other tracing the
+    registered op is used (its fake kernel and autograd formula are what the compiler
+    needs). The old-style ``forward(ctx, ...)``: ``setup_context`` costs an
+    ``inspect.signature`` per call, so only the ``torch.func`` twin below has one.
+    """
+
+    @staticmethod
+    def forward(ctx, impl, batch_dim, per_batch, x, *rest):  # noqa: ANN001, ANN205
+        out = impl(x, *rest)
+        ctx.batch_dim, ctx.per_batch, ctx.validate = batch_dim, per_batch, rest[-1]
+        ctx.n_rest = len(rest)
+        # The gradient output stays "differentiable" on purpose: saved and unpacked, it
+        # is attached to this node, so under create_graph the product through
+        # scale_grad is too, and a double backward meets its clear error. No incoming
+        # gradient is ever materialized for it (no logits-sized zeros).
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(out[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001, ANN205
+        return (None, None, None, _loss_backward(ctx, grad_loss), *(None,) * ctx.n_rest)
+
+
+class _FuncLoss(torch.autograd.Function):
+    """``_EagerLoss`` for ``torch.func`` transforms (grad, vjp, jacrev), which need
+    ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
+
+    @staticmethod
+    def forward(impl, batch_dim, per_batch, x, *rest):  # noqa: ANN001, ANN205
+        return impl(x, *rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.batch_dim, ctx.per_batch, ctx.validate = inputs[1], inputs[2], inputs[-1]
+        ctx.n_rest = len(inputs) - 4
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(output[1])
+
+    backward = _EagerLoss.backward
+
+
+def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """Run a loss: the registered ``op`` while tracing, ``impl`` behind an
+    ``autograd.Function`` eagerly.
+
+    ``rest`` ends with ``(..., compute_grad, validate)``; ``per_batch`` maps the
+    incoming gradient to one factor per slice of ``batch_dim`` (``None``: it already
+    is, or is a scalar).
+    """
+    if torch.compiler.is_compiling():
+        return op(x, *rest)
+    if _functorch_wrapped(x):
+        return _FuncLoss.apply(impl, batch_dim, per_batch, x, *rest)
+    if isinstance(x, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(x):  # noqa: SLF001
+        return op(x, *rest)
+    if not rest[-2]:  # no gradient wanted: no autograd wrapper either
+        return impl(x, *rest)
+    return _EagerLoss.apply(impl, batch_dim, per_batch, x, *rest)
+
+
+def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:
+    """``grad * grad_loss`` with ``grad_loss`` (a scalar or ``(B,)``) on ``batch_dim``."""
+    shape = [1] * grad.dim()
+    if grad_loss.dim():
+        shape[batch_dim] = grad_loss.shape[0]
+    return grad * grad_loss.reshape(shape).to(grad.dtype)
+
+
+def _is_traced(t: Tensor) -> bool:
+    """True while tracing (compile, fake/functional tensors, functorch): no value reads then."""
+    return (
+        torch.compiler.is_compiling()
+        or isinstance(t, (FakeTensor, FunctionalTensor))
+        or torch._is_functional_tensor(t)  # noqa: SLF001
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
+    )

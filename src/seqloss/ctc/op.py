@@ -1,0 +1,97 @@
+"""``seqloss::ctc_loss``: the CTC op (torch.library), its fake kernel and autograd.
+
+The op returns the (reduced) loss and its gradient, computed in the forward pass; the
+backward scales the saved gradient. ``ctc_loss_impl`` is the same function, called
+behind a plain ``autograd.Function`` in eager mode (``_core.ops.call_loss_op``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.dispatch import kernel_module
+from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on, poison_nonfinite
+from .._core.reduce import ctc_mean_weights
+from .checks import ctc_values
+
+
+def ctc_loss_impl(
+    log_probs: Tensor,
+    targets: Tensor,
+    input_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    fused_log_softmax: bool,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """CTC loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
+
+    ``log_probs (T, B, C)``; ``targets`` padded ``(B, S)`` or concatenated 1-D;
+    lengths ``(B,)`` int64. Shapes and dtypes were checked by the caller. The
+    gradient ``(T, B, C)`` (empty unless ``compute_grad``) already includes the
+    reduction's per-sequence scaling, so ``loss.backward()`` hands it on as it is
+    (no second logits-sized tensor).
+    """
+    T, B, C = log_probs.shape
+    padded = ctc_values(
+        targets, input_lengths, target_lengths, T, C, blank, validate=validate
+    )
+    kern = kernel_module("ctc", backend)
+    loss, grad = kern.ctc_loss_forward(
+        log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax, compute_grad
+    )
+    grad = conform_layout(grad, log_probs)
+    loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
+    if zero_infinity:
+        # The gradient of an impossible alignment is already exactly zero.
+        loss = loss.masked_fill(loss == float("inf"), 0.0)
+    if reduction == "mean":
+        w = ctc_mean_weights(target_lengths, loss)
+        if grad.numel():
+            grad.mul_(w.to(grad.dtype)[None, :, None] if grad.dtype != torch.float64 else w[None, :, None])
+        return (loss * w).sum(), grad
+    if reduction == "sum":
+        return loss.sum(), grad
+    return loss, grad
+
+
+ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutates_args=())
+
+
+@ctc_loss_op.register_fake
+def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
+      zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+    T, B, C = log_probs.shape
+    shape = (B,) if reduction == "none" else ()
+    loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
+    grad = torch.empty_like(log_probs) if compute_grad else log_probs.new_empty((0,))
+    return loss, grad
+
+
+def _ctc_setup(ctx, inputs, output):  # noqa: ANN001
+    # No zeros for the (non-differentiable) gradient output's incoming gradient.
+    ctx.set_materialize_grads(False)
+    ctx.compute_grad = inputs[-2]
+    ctx.validate = inputs[-1]
+    ctx.save_for_backward(output[1])
+
+
+def _ctc_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
+    (grad,) = ctx.saved_tensors
+    nones = (None,) * 10
+    if grad_loss is None:
+        return (None, *nones)
+    if not ctx.compute_grad:
+        raise RuntimeError("seqloss: ctc_loss was called with compute_grad=False")
+    return (grad_to_hand_on(grad, grad_loss, 1, ctx.validate), *nones)
+
+
+ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
+
+
+# --------------------------------------------------------------------------- transducers

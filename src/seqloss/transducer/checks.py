@@ -1,0 +1,116 @@
+"""Transducer argument checks: shapes and dtypes (metadata) and the values read."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .._core.checks import (
+    as_index_tensor,
+    as_targets_tensor,
+    check_batch,
+    check_float_tensor,
+    check_ids,
+    check_lengths,
+    check_ndim,
+    to_host,
+)
+from .._core.errors import InputError, InputTypeError
+from ..ctc.checks import ctc_values
+
+
+def transducer_inputs(
+    logits: torch.Tensor,
+    targets: object,
+    logit_lengths: object,
+    target_lengths: object,
+    blank: object,
+    *,
+    packed: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Shape and dtype checks shared by the transducer entry points (metadata only).
+
+    Padded: ``logits (B, T, U+1, V)``, ``targets (B, S)``. Packed: ``logits (N, V)``,
+    ``targets`` padded ``(B, S)`` or concatenated 1-D. ``blank < 0`` counts from
+    the end (``-1``: ``V - 1``).
+
+    Returns:
+        ``(targets int64, logit_lengths (B,) int64, target_lengths (B,) int64, blank)``.
+    """
+    check_float_tensor(logits, "logits")
+    device = logits.device
+    if packed:
+        check_ndim(logits, "logits", (2,), "packed (sum_b T_b * (U_b + 1), V)")
+    else:
+        check_ndim(logits, "logits", (4,), "(B, T, U+1, V)")
+    tg = as_targets_tensor(targets, device)
+    il = as_index_tensor(logit_lengths, "logit_lengths", device)
+    tl = as_index_tensor(target_lengths, "target_lengths", device)
+    if packed:
+        if il.dim() > 1 and il.numel() == 1:
+            il = il.reshape(1)
+        check_ndim(il, "logit_lengths", (1,), "(B,)")
+    B = logits.shape[0] if not packed else il.shape[0]
+    il = check_batch(il, "logit_lengths", B)
+    tl = check_batch(tl, "target_lengths", B)
+    if packed:
+        check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
+    else:
+        check_ndim(tg, "targets", (2,), "(B, U)")
+    if tg.dim() == 2 and tg.shape[0] != B:
+        raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
+    if isinstance(blank, bool) or not isinstance(blank, int):
+        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
+    V = logits.shape[-1]
+    if V == 0:
+        raise InputError("logits must have at least one class (V >= 1)")
+    if not -V <= blank < V:
+        raise InputError(f"blank = {blank} is out of range: expected -V <= blank < V = {V}")
+    return tg, il, tl, blank % V
+
+
+def transducer_values(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    *,
+    validate: bool,
+) -> torch.Tensor:
+    """Value checks for transducers; returns the targets as padded ``(B, S)`` int64.
+
+    Padded logits ``(B, T, U+1, V)``: ``logit_lengths[b] <= T``, ``target_lengths[b]
+    <= min(targets.size(1), U)``. Packed ``(N, V)``: the rows add up to ``N``.
+    Target ids read (``< target_lengths[b]``) must lie in ``[0, V)`` and differ
+    from ``blank``. Entries past a target length are replaced by 0, so no kernel
+    reads an unchecked id.
+    """
+    V = logits.shape[-1]
+    packed = logits.dim() == 2
+    if validate:
+        if packed:
+            il = check_lengths(logit_lengths, "logit_lengths", 2**62, "the int64 range")
+        else:
+            il = check_lengths(logit_lengths, "logit_lengths", logits.shape[1], "logits.size(1) (T)")
+        if targets.dim() == 2:
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[1], "targets.size(1)")
+        else:
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[0], "targets.numel()")
+        if not packed:
+            check_lengths(target_lengths, "target_lengths", logits.shape[2] - 1, "logits.size(2) - 1 (U)")
+        if targets.dim() == 1 and int(tl.sum()) != targets.shape[0]:
+            raise InputError(
+                f"target_lengths sum to {int(tl.sum())} but the concatenated 1-D targets hold "
+                f"{targets.shape[0]} ids"
+            )
+        if packed:
+            rows = int((il * (tl + 1)).sum())
+            if rows != logits.shape[0]:
+                raise InputError(
+                    f"logits.size(0) = {logits.shape[0]} but the packed layout needs "
+                    f"sum_b logit_lengths[b] * (target_lengths[b] + 1) = {rows} rows"
+                )
+        offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
+        check_ids(targets, tl, "targets", V, blank, offsets=offsets)
+    return ctc_values(targets, logit_lengths, target_lengths, 2**62, V, blank, validate=False)

@@ -1,0 +1,165 @@
+"""The table-driven joint prologue/epilogue in plain PyTorch (float64): the oracle.
+
+Kernel interface shared with ``numba_cpu.py`` and ``triton_cuda.py``::
+
+    joint_loss_forward(logits, targets, logit_lengths, target_lengths, table,
+                       fused_log_softmax, compute_grad, grad_buffer=None, grad_scale=1.0)
+        -> (loss (B,), grad shaped like logits | empty)
+
+See ``table.py`` for the math. The reference materializes log-softmaxes in float64
+on a padded copy: the memory rules bind the fast backends, not the oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..lattice.reference import transducer_lattice
+from .table import JointTable
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _row_offsets(logit_lengths: torch.Tensor, target_lengths: torch.Tensor) -> torch.Tensor:
+    rows = logit_lengths * (target_lengths + 1)
+    return torch.cumsum(rows, 0) - rows
+
+
+def _to_padded(logits: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torch.Tensor:
+    """Packed ``(N, V)`` -> padded ``(B, Tmax, Umax+1, V)`` copy (zeros in padding)."""
+    B = Tl.shape[0]
+    T = int(Tl.max()) if B else 0
+    U1 = int(Ul.max()) + 1 if B else 1
+    out = logits.new_zeros((B, T, U1, logits.shape[-1]))
+    off = _row_offsets(Tl, Ul).tolist()
+    for b, (tb, ub) in enumerate(zip(Tl.tolist(), Ul.tolist())):
+        out[b, :tb, : ub + 1] = logits[off[b] : off[b] + tb * (ub + 1)].reshape(tb, ub + 1, -1)
+    return out
+
+
+def _from_padded(grad: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torch.Tensor:
+    parts = [grad[b, :tb, : ub + 1].reshape(tb * (ub + 1), -1) for b, (tb, ub) in
+             enumerate(zip(Tl.tolist(), Ul.tolist()))]
+    if not parts:
+        return grad.new_zeros((0, grad.shape[-1]))
+    return torch.cat(parts, 0)
+
+
+def _log_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Guarded: a row of ``-inf`` logits gives ``-inf`` log-probabilities (no arc), not NaN."""
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(m == NEG_INF, 0.0, m)
+    log_z = torch.log(torch.exp(x - m).sum(-1, keepdim=True)) + m
+    return torch.where(log_z == NEG_INF, NEG_INF, x - log_z)
+
+
+def joint_loss_forward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+    grad_buffer: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence transducer loss of ``table`` and its gradient.
+
+    Args:
+        logits: padded ``(B, T, U+1, V + D)`` or packed ``(sum_b T_b (U_b+1), V + D)``
+            (rows of sequence ``b`` in ``(t, u)`` row-major order), any float dtype
+            and layout. Log-probabilities (per block) if not ``fused_log_softmax``.
+        targets: ``(B, S)`` int64, ``S >= max U_b``; entries past ``U_b`` never read.
+        logit_lengths, target_lengths: ``(B,)`` int64, validated.
+        table: the arcs (``table.py``).
+        fused_log_softmax: ``logits`` are raw logits (log-softmaxes taken inside).
+        compute_grad: also return the gradient (else an empty tensor).
+        grad_buffer: optional tensor like ``logits`` to write the gradient into (may
+            be ``logits`` itself: the in-place mode).
+        grad_scale: multiplies the gradient after the clamp (a reduction's factor).
+
+    Returns:
+        ``loss (B,)`` float32 (float64 for float64 input): ``-(1+λ) log p(y|x)``,
+        ``+inf`` when infeasible (``T_b = 0`` included), NaN when a read logit is NaN
+        or ``+inf``; ``grad`` like ``logits``: zero on padding and for infeasible
+        sequences, NaN on the read region of a NaN sequence.
+    """
+    packed = logits.dim() == 2
+    device = logits.device
+    out_dtype = _acc_dtype(logits.dtype)
+    acc = torch.float64
+    Tl = logit_lengths.to(device)
+    Ul = target_lengths.to(device)
+    B = Tl.shape[0]
+    x = _to_padded(logits.to(acc), Tl, Ul) if packed else logits.to(acc)
+    _, T, U1, W = x.shape
+    U = U1 - 1
+    V, D = table.num_tokens, table.num_durations
+    tg = targets.to(device)
+    if tg.shape[1] < U:
+        tg = torch.cat([tg, tg.new_zeros(B, U - tg.shape[1])], 1)
+    tg = tg[:, :U]
+
+    tt = torch.arange(T, device=device)[None, :, None]
+    uu = torch.arange(U1, device=device)[None, None, :]
+    valid = (tt < Tl[:, None, None]) & (uu <= Ul[:, None, None])  # the region read
+    x = torch.where(valid[..., None], x, 0.0)  # padding is never read, whatever it holds
+    row_max = x.amax(-1) if W else x.new_zeros(x.shape[:-1])
+    bad = ((~(row_max < float("inf"))) & valid).flatten(1).any(1)
+
+    xt, xd = x[..., :V], x[..., V : V + D]
+    lp_t = _log_softmax(xt) if fused_log_softmax else xt
+    lp_d = (_log_softmax(xd) if fused_log_softmax else xd) if D else None
+    idx = tg[:, None, :, None].expand(B, T, U, 1)
+    lp_y = lp_t[:, :, :U].gather(3, idx)[..., 0] if U else x.new_zeros(B, T, 0)
+    lp_y = torch.cat([lp_y, torch.full_like(lp_t[:, :, :1, 0], NEG_INF)], 2) - table.sigma
+
+    def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
+        return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]
+
+    arc_blank = torch.stack([score(lp_t[..., a.token], a.duration_logit) for a in table.blank_arcs], -1)
+    arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
+    ll, occ_b, occ_e = transducer_lattice(
+        arc_blank, arc_emit, Tl, Ul, table.blank_durations, table.emit_durations, compute_grad,
+        table.emit_can_end,
+    )
+    scale = 1.0 + table.fastemit_lambda
+    loss = torch.where(bad, NAN, -ll * scale).to(out_dtype)
+    if not compute_grad:
+        return loss, logits.new_empty(0)
+
+    oe = occ_e * scale
+    total = occ_b.sum(-1) + oe.sum(-1)  # every arc leaving (t, u)
+    grad = torch.zeros_like(x)
+    gt, gd = grad[..., :V], grad[..., V : V + D]
+    if fused_log_softmax:
+        gt += torch.exp(lp_t) * total[..., None]
+        if D:
+            gd += torch.exp(lp_d) * total[..., None]
+    for i, a in enumerate(table.blank_arcs):
+        gt[..., a.token] -= occ_b[..., i]
+        if a.duration_logit is not None:
+            gd[..., a.duration_logit] -= occ_b[..., i]
+    if U:
+        gt[:, :, :U].scatter_add_(3, idx, -oe[:, :, :U].sum(-1, keepdim=True))
+    for j, a in enumerate(table.emit_arcs):
+        if a.duration_logit is not None:
+            gd[..., a.duration_logit] -= oe[..., j]
+    if table.clamp > 0:
+        grad = grad.clamp(-table.clamp, table.clamp)
+    if grad_scale != 1.0:
+        grad = grad * grad_scale
+    grad = torch.where(valid[..., None], grad, 0.0)
+    grad = torch.where((bad[:, None, None] & valid)[..., None], NAN, grad)
+    if packed:
+        grad = _from_padded(grad, Tl, Ul)
+    if grad_buffer is not None:
+        grad_buffer.copy_(grad)
+        return loss, grad_buffer
+    return loss, grad.to(logits.dtype)

@@ -1,0 +1,105 @@
+r"""The table of arcs that turns a joint network's logits into a transducer lattice.
+
+Every transducer loss on a full joint ``(B, T, U+1, V [+ D])`` is the same three steps:
+
+1. **prologue**: log-softmax over the ``V`` token logits (and, if the table has a
+   duration block, a second log-softmax over the ``D`` duration logits after them);
+   the score of each arc of the lattice is read off those log-probabilities;
+2. the **lattice** recursion (``seqloss.transducer_lattice``) on those arc scores;
+3. **epilogue**: the arcs' occupations mapped back to a gradient on the logits,
+   ``softmax * (occupation of all arcs leaving the state) - sum over arcs of
+   occupation * onehot(the arc's class)``, per block, then ``clamp`` and scaling.
+
+What differs between RNN-T, multi-blank RNN-T and TDT is only which arcs exist: that
+is this table. An arc is a token class (a fixed class for blank-like arcs; the next
+target label for emissions), a frame advance, and optionally an index into the
+duration block whose log-probability is added to the arc's score::
+
+    arc_blank[t, u, i] = lp_tok[t, u, blank_arcs[i].token] + lp_dur[t, u, blank_arcs[i].duration_logit]
+    arc_emit[t, u, j]  = lp_tok[t, u, y_{u+1}] - sigma + lp_dur[t, u, emit_arcs[j].duration_logit]
+
+(the ``lp_dur`` term only where the arc names a duration logit). FastEmit
+(``fastemit_lambda``) scales every emission arc's occupation by ``1 + λ`` in the
+gradient, and the loss by ``1 + λ``. ``sigma`` shifts the emission scores only
+(its derivative is zero).
+
+Each backend has one implementation of the prologue and the epilogue that reads this
+table (``reference.py``, ``numba_cpu.py``, ``triton_cuda.py`` beside it); a new
+variant is a new table and a few lines of public-function code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arc:
+    """One kind of lattice arc.
+
+    Attributes:
+        duration: frame advance (``>= 1`` for blank-like arcs, ``>= 0`` for emissions).
+        token: the token class scored, for a blank-like arc (``None`` for an emission,
+            which scores the next target label).
+        duration_logit: index into the duration block whose log-probability is added
+            (``None``: no duration term).
+    """
+
+    duration: int
+    token: int | None = None
+    duration_logit: int | None = None
+
+
+@dataclass(frozen=True)
+class JointTable:
+    """The arcs of a transducer and the joint's layout (see the module docstring).
+
+    Attributes:
+        blank_arcs: the blank-like arcs, ``Db >= 1`` of them (``token`` set).
+        emit_arcs: the emission arcs, ``De >= 1`` of them (``token`` is ``None``).
+        num_tokens: ``V``, the token logits (the first ``V`` classes of the joint).
+        num_durations: ``D``, duration logits after the token logits (0: none).
+        sigma: subtracted from every emission's token log-probability.
+        fastemit_lambda: FastEmit's ``λ >= 0``.
+        clamp: ``> 0`` clamps each gradient element to ``[-clamp, clamp]``.
+        emit_can_end: an emission may land on the final frame (see the lattice).
+    """
+
+    blank_arcs: tuple[Arc, ...]
+    emit_arcs: tuple[Arc, ...]
+    num_tokens: int
+    num_durations: int = 0
+    sigma: float = 0.0
+    fastemit_lambda: float = 0.0
+    clamp: float = -1.0
+    emit_can_end: bool = False
+
+    @property
+    def blank_durations(self) -> tuple[int, ...]:
+        return tuple(a.duration for a in self.blank_arcs)
+
+    @property
+    def emit_durations(self) -> tuple[int, ...]:
+        return tuple(a.duration for a in self.emit_arcs)
+
+    @property
+    def blank_tokens(self) -> tuple[int, ...]:
+        return tuple(int(a.token) for a in self.blank_arcs)  # type: ignore[arg-type]
+
+    @property
+    def width(self) -> int:
+        """Classes of the joint's last axis: ``V + D``."""
+        return self.num_tokens + self.num_durations
+
+    @property
+    def is_rnnt(self) -> bool:
+        """RNN-T's arcs exactly (one blank of duration 1, emissions of duration 0)."""
+        return (self.num_durations == 0 and len(self.blank_arcs) == 1
+                and len(self.emit_arcs) == 1 and self.blank_arcs[0].duration == 1
+                and self.emit_arcs[0].duration == 0 and not self.emit_can_end)
+
+
+def rnnt_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0) -> JointTable:
+    """RNN-T (Graves, 2012): one blank advancing a frame, emissions advancing none."""
+    return JointTable(blank_arcs=(Arc(1, token=blank),), emit_arcs=(Arc(0),), num_tokens=V,
+                      clamp=clamp, fastemit_lambda=fastemit_lambda)

@@ -1,0 +1,194 @@
+r"""Transducer losses in pure PyTorch: the lattice recursion, and RNN-T on top of it.
+
+This module is the reference and, in its docstrings, the **kernel interface** that
+every transducer backend exposes with the same names and signatures
+(``seqloss.kernels.numba_cpu.transducer``, ``seqloss.kernels.triton_cuda.transducer``):
+
+1. ``transducer_lattice(arc_blank, arc_emit, logit_lengths, target_lengths,
+   blank_durations, emit_durations, compute_occupations)
+   -> (log_likelihood, occ_blank, occ_emit)``: the core recursion. It knows
+   nothing of logits, vocabularies or log-softmax; every transducer flavour
+   (RNN-T, multi-blank, TDT, pruned) only builds different arc scores for it
+   (a *prologue*) and maps the arc occupations back to its own gradient (an
+   *epilogue*).
+2. ``rnnt_loss_forward(logits, targets, logit_lengths, target_lengths, blank,
+   clamp, fused_log_softmax, fastemit_lambda, compute_grad, grad_buffer, grad_scale)
+   -> (loss, grad)``: RNN-T = prologue + ``transducer_lattice`` + epilogue.
+
+The lattice
+-----------
+For sequence ``b`` with ``T_b`` frames and ``U_b`` target labels, the states are
+``(t, u)`` with ``0 <= t <= T_b``, ``0 <= u <= U_b``; ``alpha(0, 0) = 0`` and the
+final state is ``(T_b, U_b)``. Arcs leave frames ``t < T_b`` only:
+
+* blank-like arc ``i`` (score ``arc_blank[b, t, u, i]``):
+  ``(t, u) -> (t + blank_durations[i], u)``, allowed when ``t + d_i <= T_b``;
+* emission arc ``j`` (score ``arc_emit[b, t, u, j]``):
+  ``(t, u) -> (t + emit_durations[j], u + 1)``, allowed when ``u < U_b`` and
+  ``t + d_j < T_b`` (an emission never ends the utterance: NeMo's multi-blank
+  and TDT end on a blank-like arc), or ``t + d_j <= T_b`` with ``emit_can_end``
+  (k2's "modified" topology, where a path may end on an emission)::
+
+    alpha(t, u) = logsumexp( { alpha(t - d_i, u)     + arc_blank[t - d_i, u, i]     }_i
+                           u { alpha(t - d_j, u - 1) + arc_emit[t - d_j, u - 1, j]  }_j )
+    beta(t, u)  = logsumexp( { arc_blank[t, u, i] + beta(t + d_i, u)     }_i
+                           u { arc_emit[t, u, j]  + beta(t + d_j, u + 1) }_j ),  beta(T_b, U_b) = 0
+    log_likelihood[b] = alpha(T_b, U_b)       (-inf when T_b == 0: no frame, no path)
+    occ_blank[b, t, u, i] = exp(alpha(t, u) + arc_blank[t, u, i] + beta(t + d_i, u) - log_likelihood[b])
+    occ_emit[b, t, u, j]  = exp(alpha(t, u) + arc_emit[t, u, j]  + beta(t + d_j, u + 1) - log_likelihood[b])
+
+An occupation is the posterior probability that a path takes the arc, i.e.
+``d log_likelihood / d arc_score``. Blank durations must be ``>= 1`` and emission
+durations ``>= 0``; every arc advances ``t + u``, so anti-diagonals are
+independent (the reference iterates over them; a GPU kernel can too).
+
+RNN-T (Graves, 2012) is ``blank_durations = (1,)``, ``emit_durations = (0,)``,
+``arc_blank[t, u] = log p(blank | t, u)``, ``arc_emit[t, u] = log p(y_{u+1} | t, u)``.
+Multi-blank RNN-T adds blank-like arcs (the big blanks' durations); TDT uses
+``blank_durations = durations \ {0}`` and ``emit_durations = durations``, adding the
+duration log-probabilities to the arc scores; the pruned RNN-T scatters its
+``(B, T, s_range)`` window (first ``u`` of frame ``t`` at ``ranges[b, t, 0]``) into
+the ``(B, T, U+1)`` arc grids with ``-inf`` outside, and gathers occupations back.
+
+Conventions shared by every backend
+-----------------------------------
+* Arc tensors are ``(B, T, U+1, D)`` (``D`` arcs of the kind per state), float32
+  or float64 (the accumulation dtype; float64 only for float64 inputs).
+  Entries outside a sequence's valid arcs (``t >= T_b``, ``u > U_b``, emissions at
+  ``u = U_b``, arcs landing past their limit) are never read and may hold
+  anything, NaN included. Occupations there are exactly 0, and so is every
+  occupation of a sequence with ``log_likelihood = -inf`` (infeasible).
+* The recursion uses a guarded logaddexp: ``-inf`` is an exact zero, no epsilon.
+* NaN/``+inf`` detection is the prologue's job (it reads every logit anyway):
+  such a sequence gets a NaN loss and a NaN gradient on the region it reads
+  (``t < T_b``, ``u <= U_b``, every class); padding gets exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..._core.logspace import logaddexp
+
+NEG_INF = float("-inf")
+
+
+def transducer_lattice(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    compute_occupations: bool,
+    emit_can_end: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The transducer lattice recursion (see the module docstring for the math).
+
+    Args:
+        arc_blank: ``(B, T, U+1, Db)`` float32/float64 scores of the blank-like arcs.
+        arc_emit: ``(B, T, U+1, De)`` scores of the emission arcs (same dtype).
+        logit_lengths: ``(B,)`` int64 ``T_b <= T``, validated.
+        target_lengths: ``(B,)`` int64 ``U_b <= U``, validated.
+        blank_durations: ``Db`` frame advances, each ``>= 1`` (RNN-T: ``(1,)``).
+        emit_durations: ``De`` frame advances, each ``>= 0`` (RNN-T: ``(0,)``).
+        compute_occupations: also return the arc occupations (else empty tensors).
+        emit_can_end: an emission may land on the final frame ``T_b`` (k2's
+            "modified" topology): allowed when ``t + e_j <= T_b`` instead of ``< T_b``.
+
+    Returns:
+        ``log_likelihood (B,)`` in the arcs' dtype (``-inf`` when no path exists),
+        ``occ_blank`` and ``occ_emit`` shaped like the arcs (or empty).
+
+    The reference runs one vectorized step per anti-diagonal ``n = t + u``
+    (batch and the diagonal's states at once), in the arcs' dtype (callers pass
+    float64 for the reference's own use).
+    """
+    B, T, U1, Db = arc_blank.shape
+    De = arc_emit.shape[3]
+    device, dt = arc_blank.device, arc_blank.dtype
+    Tb = logit_lengths.to(device)[:, None]
+    Ub = target_lengths.to(device)[:, None]
+    bidx = torch.arange(B, device=device)[:, None]
+    alpha = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
+    alpha[:, 0, 0] = 0.0
+    neg = torch.tensor(NEG_INF, dtype=dt, device=device)
+
+    def diag(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        u = torch.arange(max(0, n - T), min(n, U1 - 1) + 1, device=device)
+        return n - u, u
+
+    for n in range(1, T + U1):
+        t, u = diag(n)
+        if t.numel() == 0:
+            continue
+        terms = []
+        for i, d in enumerate(blank_durations):
+            ts = t - d
+            ok = (ts >= 0)[None] & (ts[None] < Tb) & (t[None] <= Tb) & (u[None] <= Ub)
+            tsc = ts.clamp(min=0)
+            v = alpha[:, tsc, u] + arc_blank[:, tsc, u, i]
+            terms.append(torch.where(ok, v, neg))
+        for j, d in enumerate(emit_durations):
+            ts, us = t - d, u - 1
+            # Destination frame t: < T_b, or <= T_b when an emission may end the path
+            # (then the source frame must still be < T_b: arcs leave frames t < T_b only).
+            dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
+            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
+            tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
+            v = alpha[:, tsc, usc] + arc_emit[:, tsc, usc, j]
+            terms.append(torch.where(ok, v, neg))
+        alpha[:, t, u] = logaddexp(*terms)
+
+    b1 = torch.arange(B, device=device)
+    ll = alpha[b1, logit_lengths.to(device), target_lengths.to(device)]
+    ll = torch.where(logit_lengths.to(device) == 0, neg, ll)
+    if not compute_occupations:
+        return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+
+    beta = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
+    beta[b1, logit_lengths.to(device), target_lengths.to(device)] = 0.0
+    for n in range(T + U1 - 2, -1, -1):
+        t, u = diag(n)
+        if t.numel() == 0:
+            continue
+        src_ok = (t[None] < Tb) & (u[None] <= Ub)
+        tc = t.clamp(max=T - 1) if T > 0 else t
+        terms = []
+        for i, d in enumerate(blank_durations):
+            ok = src_ok & (t[None] + d <= Tb)
+            v = arc_blank[:, tc, u, i] + beta[:, (t + d).clamp(max=T), u]
+            terms.append(torch.where(ok, v, neg))
+        for j, d in enumerate(emit_durations):
+            lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
+            ok = src_ok & (u[None] < Ub) & lands
+            v = arc_emit[:, tc, u, j] + beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)]
+            terms.append(torch.where(ok, v, neg))
+        beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
+    del bidx
+
+    tt = torch.arange(T, device=device)[None, :, None]
+    uu = torch.arange(U1, device=device)[None, None, :]
+    src_ok = (tt < Tb[:, :, None]) & (uu <= Ub[:, :, None])
+    a = alpha[:, :T]
+    ll_safe = torch.where(ll == NEG_INF, torch.zeros_like(ll), ll)[:, None, None]
+    feasible = (ll != NEG_INF)[:, None, None]
+
+    def occ(score: torch.Tensor, dst_beta: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        ok = ok & feasible
+        x = torch.where(ok, a + score + dst_beta - ll_safe, neg)
+        return torch.exp(x)
+
+    occ_blank = torch.zeros_like(arc_blank)
+    for i, d in enumerate(blank_durations):
+        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
+        ok = src_ok & (tt + d <= Tb[:, :, None])
+        occ_blank[..., i] = occ(arc_blank[..., i], dst, ok)
+    occ_emit = torch.zeros_like(arc_emit)
+    for j, d in enumerate(emit_durations):
+        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
+        dst = torch.cat([dst[:, :, 1:], torch.full_like(dst[:, :, :1], NEG_INF)], dim=2)
+        lands = (tt + d <= Tb[:, :, None]) if emit_can_end else (tt + d < Tb[:, :, None])
+        ok = src_ok & (uu < Ub[:, :, None]) & lands
+        occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
+    return ll, occ_blank, occ_emit

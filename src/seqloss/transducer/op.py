@@ -1,0 +1,189 @@
+"""``seqloss::rnnt_loss``: the RNN-T op (torch.library), fake kernel, autograd; the in-place mode."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.dispatch import kernel_module
+from .._core.ops import _acc_dtype, _is_traced, conform_layout, grad_to_hand_on, scale_grad  # noqa: F401
+from .._core.reduce import reduce_transducer, volume_weight
+from .checks import transducer_values
+
+
+def _batch_scale(grad_loss: Tensor, B: int, packed: bool, logit_lengths: Tensor,
+                 target_lengths: Tensor, rows: int) -> Tensor:
+    """Incoming gradient per batch item, or per row of the packed layout (T_b (U_b + 1) rows)."""
+    g = grad_loss.expand(B) if grad_loss.dim() == 0 else grad_loss
+    if not packed:
+        return g
+    reps = (logit_lengths * (target_lengths + 1)).to(g.device)
+    return torch.repeat_interleave(g, reps, output_size=rows)
+
+
+def rnnt_loss_impl(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+    grad_buffer: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Value checks, the backend's ``rnnt_loss_forward``, ``zero_infinity`` and the reduction.
+
+    The ``"mean"`` reduction's ``1/B`` is folded into the gradient here (the
+    kernel's ``grad_scale``), so that the usual backward (incoming gradient 1)
+    hands the saved gradient on untouched: no second logits-sized tensor.
+    """
+    padded = transducer_values(
+        logits, targets, logit_lengths, target_lengths, blank, validate=validate
+    )
+    B = logit_lengths.shape[0]
+    grad_scale = 1.0 / B if reduction == "mean" and B > 0 else 1.0
+    kern = kernel_module("transducer", backend)
+    loss, grad = kern.rnnt_loss_forward(
+        logits, padded, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+        fastemit_lambda, compute_grad, grad_buffer, grad_scale,
+    )
+    if grad_buffer is None:
+        grad = conform_layout(grad, logits)
+    if reduction == "mean_volume" and grad.numel():
+        # 1 / sum_b U_b, applied to our own fresh gradient (no host sync for the divisor).
+        grad.mul_(volume_weight(target_lengths, torch.float64).to(grad.dtype))
+    if zero_infinity:
+        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
+    return reduce_transducer(loss, reduction, target_lengths), grad
+
+
+@torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
+def rnnt_loss_op(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """RNN-T loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
+
+    ``logits`` padded ``(B, T, U+1, V)`` or packed ``(N, V)``; ``targets`` int64 padded
+    ``(B, S)`` (or concatenated 1-D with packed logits); lengths ``(B,)`` int64.
+    The gradient is shaped like ``logits`` (empty unless ``compute_grad``) and already
+    includes the reduction's scaling. Shapes and dtypes were checked by the caller.
+    """
+    return rnnt_loss_impl(
+        logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+        fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
+    )
+
+
+@rnnt_loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+      fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+    shape = (logit_lengths.shape[0],) if reduction == "none" else ()
+    loss = logits.new_empty(shape, dtype=_acc_dtype(logits.dtype))
+    grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
+    return loss, grad
+
+
+def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
+    # The gradient output gets no incoming gradient: do not let autograd materialize
+    # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
+    ctx.set_materialize_grads(False)
+    ctx.packed = inputs[0].dim() == 2
+    ctx.compute_grad = inputs[-2]
+    ctx.validate = inputs[-1]
+    ctx.save_for_backward(output[1], inputs[2], inputs[3])
+
+
+def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
+    grad, logit_lengths, target_lengths = ctx.saved_tensors
+    nones = (None,) * 12
+    if grad_loss is None:  # only the (non-differentiable) gradient output was used
+        return (None, *nones)
+    if not ctx.compute_grad:
+        raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
+    B = logit_lengths.shape[0]
+    return (grad_to_hand_on(
+        grad, grad_loss, 0, ctx.validate,
+        lambda g: _batch_scale(g, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0]),
+    ), *nones)
+
+
+rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)
+
+
+# A mutation of the caller's logits cannot be traced: under torch.compile this is a
+# graph break (it runs eagerly; fullgraph=True raises).
+@torch.compiler.disable
+def rnnt_loss_inplace(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank: int,
+    clamp: float,
+    fused_log_softmax: bool,
+    fastemit_lambda: float,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    validate: bool,
+) -> Tensor:
+    """The in-place mode: the gradient overwrites ``logits``' storage (eager: a graph break).
+
+    Not a torch.library op: a custom op may not return an alias of its input,
+    and autograd cannot be registered for a mutating one. The in-place writes bump
+    ``logits``' version counter, so autograd raises if another node saved
+    ``logits`` for its backward (a joiner's final ``Linear`` saves its input, not
+    its output, so the usual joiner is fine).
+    """
+    return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
+                              fused_log_softmax, fastemit_lambda, reduction, zero_infinity,
+                              backend, validate)
+
+
+class _RNNTInplace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,  # noqa: ANN001, ANN205
+                fused_log_softmax, fastemit_lambda, reduction, zero_infinity, backend, validate):
+        compute_grad = logits.requires_grad
+        loss, grad = rnnt_loss_impl(
+            logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+            fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
+            grad_buffer=logits if compute_grad else None,
+        )
+        # Held on ctx, not saved: it is logits' own storage, already overwritten.
+        ctx.grad = grad.detach() if compute_grad else None
+        ctx.packed = logits.dim() == 2
+        ctx.lengths = (logit_lengths, target_lengths)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:
+            raise RuntimeError("seqloss: the in-place rnnt_loss gradient was already consumed "
+                               "(one backward per forward with inplace_grad=True)")
+        if not bool((grad_loss == 1).all()):
+            g = _batch_scale(grad_loss, ctx.lengths[0].shape[0], ctx.packed, *ctx.lengths, grad.shape[0])
+            shape = [1] * grad.dim()
+            shape[0] = g.shape[0]
+            g = g.reshape(shape)
+            grad.mul_(g.float() if grad.dtype in (torch.float16, torch.bfloat16) else g.to(grad.dtype))
+        return (grad, *(None,) * 11)
