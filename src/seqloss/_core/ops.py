@@ -18,7 +18,6 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-
 NAN = float("nan")
 
 

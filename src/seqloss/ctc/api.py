@@ -16,8 +16,6 @@ from .checks import ctc_inputs
 from .op import ctc_loss_impl, ctc_loss_op
 
 
-
-
 def ctc_loss(
     log_probs: Tensor,
     targets: Tensor | Sequence[int] | Sequence[Sequence[int]],

@@ -13,7 +13,6 @@ from .._core.checks import (
     check_ids,
     check_lengths,
     check_ndim,
-    to_host,
 )
 from .._core.errors import InputError, InputTypeError
 from ..ctc.checks import ctc_values

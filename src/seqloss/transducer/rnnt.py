@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
@@ -14,7 +12,6 @@ from .._core.ops import call_loss_op
 from .._core.types import IntsLike, TransducerReduction
 from .checks import transducer_inputs
 from .op import _batch_scale, rnnt_loss_impl, rnnt_loss_inplace, rnnt_loss_op
-
 
 _DOC_COMMON = r"""
     The loss of sequence ``b`` is ``-log p(y | x)`` summed over every monotonic path
