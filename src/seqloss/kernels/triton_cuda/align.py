@@ -15,8 +15,8 @@ one only after passing the next barrier, by which time every lane has loaded.
 Programs share nothing but read-only inputs.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
+# parameter for ``tl.constexpr`` only when its annotation is the object itself.
 import contextlib
 
 import torch
@@ -62,7 +62,9 @@ def ctc_align_forward_kernel(
         # torchaudio's order: s-2 only if strictly greater than both, else s-1 if
         # strictly greater than s, else s.
         take2 = (b_x2 > b_x1) & (b_x2 > b_delta)
-        take1 = (~take2) & (b_x1 > b_delta)
+        # ``take2 == 0``, not ``~take2``: the interpreter of triton <= 3.3 has no
+        # int1 type for ``~`` on a boolean block.
+        take1 = (take2 == 0) & (b_x1 > b_delta)
         b_best = tl.where(take2, b_x2, tl.where(take1, b_x1, b_delta))
         b_bp = tl.where(take2, 2, tl.where(take1, 1, 0)).to(tl.int8)
         tl.store(bp_ptr + (t * B + i_b) * K + o_s, b_bp, mask=m_s)
@@ -172,12 +174,18 @@ def rnnt_align_backtrack_kernel(
     found = (T_b > 0) & (score > float("-inf"))
     t = T_b - 1
     u = U_b
+    # The frame is stored through a two-lane block whose second lane is always
+    # masked off: triton <= 3.2 tests a mask with ``if not mask`` and so, under the
+    # interpreter, stores unmasked whenever a scalar (or one-lane) mask is False,
+    # here at ``frames[b, -1]`` once ``u`` reaches 0.
+    o_2 = tl.arange(0, 2)
     for _ in range(0, T_b + U_b):
         active = found & (u > 0) & (t >= 0)
-        w = tl.load(choice_ptr + (i_b * T + t) * U1 + u, mask=active, other=0) != 0
-        tl.store(frames_ptr + i_b * U + u - 1, t, mask=active & w)
+        b_w = tl.load(choice_ptr + (i_b * T + t) * U1 + u, mask=active, other=0)
+        w = b_w != 0
+        tl.store(frames_ptr + i_b * U + u - 1 + o_2, t, mask=o_2 < tl.where(active & w, 1, 0))
         u = tl.where(active & w, u - 1, u)
-        t = tl.where(active & (~w), t - 1, t)
+        t = tl.where(active & (b_w == 0), t - 1, t)  # not ``~w``: see ``take1`` above
 
 
 def _device_guard(x: torch.Tensor):  # noqa: ANN202

@@ -27,8 +27,8 @@ rescalings and ``log p`` cancel. Results are bit-deterministic: no atomics, and
 every reduction has a fixed order.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
+# parameter for ``tl.constexpr`` only when its annotation is the object itself.
 import contextlib
 
 import torch

@@ -40,8 +40,8 @@ float64 (see there). Half inputs are cast at load (the interpreter keeps bfloat1
 as raw integers and cannot compute on it).
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
+# parameter for ``tl.constexpr`` only when its annotation is the object itself.
 import contextlib
 
 import torch
@@ -411,9 +411,11 @@ def rnnt_grad_kernel(
     U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
     m_row = m_r & (i_t < T_b) & (i_u <= U_b)
     b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
-    b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0) != 0
-    m_nan = m_row & b_bad
-    m_occ = m_row & (~b_bad) & (b_ll != float("-inf"))
+    b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0)
+    m_nan = m_row & (b_bad != 0)
+    # ``b_bad == 0``, not ``~(b_bad != 0)``: the interpreter of triton <= 3.3 has
+    # no int1 type for ``~`` on a boolean block.
+    m_occ = m_row & (b_bad == 0) & (b_ll != float("-inf"))
     m_e = m_occ & (i_u < U_b)
 
     o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
