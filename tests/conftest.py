@@ -16,6 +16,9 @@ os.environ.pop("SEQLOSS_BACKEND", None)
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from seqloss._core import registry  # noqa: E402
+from seqloss._core.registry import NAMES  # noqa: E402
+
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25)
 settings.register_profile("dev", deadline=None, max_examples=25)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
@@ -64,19 +67,24 @@ def device_for(backend: str) -> torch.device:
     return torch.device("cpu")
 
 
-@pytest.fixture(params=backend_params("ctc"))
-def ctc_backend(request) -> str:
-    return request.param
+def _backend_fixture(name: str):
+    @pytest.fixture(params=backend_params(name), name=f"{name}_backend")
+    def fixture(request) -> str:
+        return request.param
+
+    return fixture
 
 
-@pytest.fixture(params=backend_params("transducer"))
-def rnnt_backend(request) -> str:
-    return request.param
+# One `<family>_backend` fixture per registered loss family (ctc_backend, rnnt_backend, ...),
+# plus the lattice and the alignments.
+for _name in (*NAMES, "lattice", "align"):
+    globals()[f"_{_name}_backend"] = _backend_fixture(_name)
 
 
-@pytest.fixture(params=backend_params("transducer"))
-def lattice_backend(request) -> str:
-    return request.param
+@pytest.fixture(params=[pytest.param(n, id=n) for n in NAMES])
+def family(request):
+    """Each registered loss family."""
+    return registry.family(request.param)
 
 
 DEVICES = [pytest.param("cpu", id="cpu")] + [

@@ -73,8 +73,10 @@ def _load_args(path: str) -> dict | str:
     if not isinstance(obj, dict):
         return f"{path} holds a {type(obj).__name__}, expected a dict of loss arguments with a 'kind'"
     kind = obj.get("kind")
-    if kind not in ("ctc", "rnnt"):
-        return f"{path}: 'kind' must be 'ctc' or 'rnnt', got {kind!r}"
+    from ._core.registry import NAMES
+
+    if kind not in NAMES:
+        return f"{path}: 'kind' must be one of {', '.join(map(repr, NAMES))}, got {kind!r}"
     return obj
 
 
@@ -117,15 +119,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    import seqloss
-
     from . import bench
 
     prog = "seqloss bench"
-    has_rnnt = hasattr(seqloss, "rnnt_loss")
-    if args.loss == "rnnt" and not has_rnnt:
-        return _fail(prog, "seqloss.rnnt_loss is not in this build")
-    losses = [args.loss] if args.loss else [x for x in bench.LOSSES if x == "ctc" or has_rnnt]
+    losses = [args.loss] if args.loss else list(bench.LOSSES)
     torch.set_num_threads(args.threads)
     console = _console()
     out: dict = {"machine": None}
@@ -188,6 +185,8 @@ def _mib(x: float | None) -> str:
 
 # --------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
+    from ._core.registry import NAMES
+
     p = _Parser(prog="seqloss", description="seqloss: exact, fast alignment-free sequence losses "
                 "(CTC, RNN-T) for PyTorch.")
     from . import __version__
@@ -226,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(CTC: torch, optax; RNN-T: torchaudio, fast_rnnt) on the registered "
                        "cases, interleaved, and print each peer's time over seqloss's. The same "
                        "code as benchmarks/bench_ctc.py (python -m seqloss.bench.ctc).")
-    b.add_argument("--loss", choices=["ctc", "rnnt"], default=None,
+    b.add_argument("--loss", choices=list(NAMES), default=None,
                    help="which loss (default: every loss in this build)")
     b.add_argument("--sizes", choices=["small", "paper"], default="small",
                    help="case grid: small (seconds) or paper (minutes) (default small)")

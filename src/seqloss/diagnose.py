@@ -31,10 +31,11 @@ import torch
 from torch import Tensor
 
 from ._core import checks as _validate
+from ._core import registry
 from ._core.errors import InputError
 from .ctc.checks import ctc_values
 
-KINDS = ("ctc", "rnnt")
+KINDS = registry.NAMES
 
 # The largest |logsumexp over classes| of a frame still taken as normalized:
 # log_softmax itself rounds to about this in each dtype.
@@ -206,17 +207,6 @@ def _fmt(x: float) -> str:
 
 
 # --------------------------------------------------------------------------- analysis
-def _loss_fn(kind: str):
-    import seqloss
-
-    if kind == "ctc":
-        return seqloss.ctc_loss
-    fn = getattr(seqloss, "rnnt_loss", None)
-    if fn is None:
-        raise NotImplementedError("diagnose('rnnt', ...) needs seqloss.rnnt_loss, absent from this build")
-    return fn
-
-
 def _first_nonfinite(bad: Tensor, values: Tensor, with_u: bool) -> NonFinite | None:
     """``bad``: one sequence's mask over its read region, ``(T, C)`` or ``(T, U+1, V)``."""
     count = int(bad.sum())
@@ -305,7 +295,8 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     """
     if kind not in KINDS:
         raise InputError(f"kind must be one of {KINDS}, got {kind!r}")
-    fn = _loss_fn(kind)
+    fam = registry.family(kind)
+    fn = fam.loss_fn()
     sig = inspect.signature(fn)
     unknown = [k for k in loss_kwargs if k not in sig.parameters]
     if unknown:
@@ -323,7 +314,7 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     bound.apply_defaults()
     a = bound.arguments
     a["reduction"] = "none"
-    x_name = "log_probs" if kind == "ctc" else "logits"
+    x_name = fam.input_name
     x0 = _validate.check_float_tensor(a[x_name], x_name)
     x = x0.detach().clone().requires_grad_(True)
     a[x_name] = x
@@ -331,9 +322,7 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
         loss = fn(*bound.args, **bound.kwargs)
         (grad,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
     grad = grad.detach()
-    if kind == "ctc":
-        return _diagnose_ctc(a, x.detach(), loss.detach(), grad)
-    return _diagnose_rnnt(a, x.detach(), loss.detach(), grad)
+    return fam.diagnose_fn()(a, x.detach(), loss.detach(), grad)
 
 
 def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:

@@ -10,18 +10,19 @@ The machinery is in :mod:`._common`. The scripts in ``benchmarks/`` call this co
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-LOSSES = ("ctc", "rnnt")
+from .._core.registry import NAMES, family
+
+LOSSES = NAMES  # one benchmark module per registered family
 SIZES = ("small", "paper")
 
 
 def module(loss: str) -> ModuleType:
-    """The benchmark module of ``loss`` ("ctc" or "rnnt")."""
+    """The benchmark module of the family ``loss`` (see ``seqloss._core.registry``)."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    return importlib.import_module(f"seqloss.bench.{loss}")
+    return family(loss).bench_module()
 
 
 def library(impl: str) -> str:
