@@ -1,5 +1,8 @@
 """Viterbi forced alignment (CTC, RNN-T) with Numba on CPU, parallel over the batch.
 
+One GIL-free function per sequence, run on the shared thread pool
+(:func:`._pool.run_jobs`: fork-safe, the same result whatever the thread count).
+
 Max-plus in log space: one addition per arc and exact comparisons, no ``exp``,
 in the accumulation dtype (float32, or float64 for float64 input), so the
 results equal the reference backend's bit for bit.
@@ -11,120 +14,118 @@ import numba
 import numpy as np
 import torch
 
+from ._pool import run_jobs
 
-@numba.njit(parallel=True, cache=True)
-def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, scores):  # noqa: ANN001
-    """One sequence per ``prange`` iteration: forward max recursion, then backtrack.
+
+@numba.njit(nogil=True, cache=True)
+def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, scores, b):  # noqa: ANN001
+    """Sequence ``b``: forward max recursion, then backtrack.
 
     ``lp (T, B, C)`` float32/float64, any strides; ``targets (B, S)`` int64.
 
     Updates:
-        labels (B, T): chosen label per frame (prefilled with ``blank``).
-        scores (B, T): its log-probability (prefilled with 0).
+        labels[b] (T,): chosen label per frame (prefilled with ``blank``).
+        scores[b] (T,): its log-probability (prefilled with 0).
     """
-    B = lp.shape[1]
-    for b in numba.prange(B):
-        Tb = input_lengths[b]
-        L = target_lengths[b]
-        if Tb == 0:
-            continue
-        K = 2 * L + 1
-        delta = np.empty(K, dtype=lp.dtype)
-        nxt = np.empty(K, dtype=lp.dtype)
-        delta[:] = -np.inf
-        neg = delta[0]
-        bp = np.zeros((Tb, K), dtype=np.int8)
-        delta[0] = lp[0, b, blank]
-        if K > 1:
-            delta[1] = lp[0, b, targets[b, 0]]
-        for t in range(1, Tb):
-            for s in range(K):
-                x0 = delta[s]
-                x1 = delta[s - 1] if s >= 1 else neg
-                x2 = neg
-                if s % 2 == 1:
-                    lab = targets[b, s // 2]
-                    if s >= 3 and lab != targets[b, s // 2 - 1]:
-                        x2 = delta[s - 2]
-                else:
-                    lab = blank
-                # torchaudio's order: s-2 only if strictly greater than both, then s-1.
-                if x2 > x1 and x2 > x0:
-                    best = x2
-                    bp[t, s] = 2
-                elif x1 > x0:
-                    best = x1
-                    bp[t, s] = 1
-                else:
-                    best = x0
-                nxt[s] = best + lp[t, b, lab]
-            delta, nxt = nxt, delta
-        if L == 0:
-            s = 0
-            final = delta[0]
-        elif delta[K - 1] > delta[K - 2]:
-            s = K - 1
-            final = delta[K - 1]
-        else:
-            s = K - 2
-            final = delta[K - 2]
-        if not final > -np.inf:
-            # No path of nonzero probability (or NaN, poisoned by the caller).
-            for t in range(Tb):
-                scores[b, t] = -np.inf
-            continue
-        for t in range(Tb - 1, -1, -1):
-            lab = targets[b, s // 2] if s % 2 == 1 else blank
-            labels[b, t] = lab
-            scores[b, t] = lp[t, b, lab]
-            s -= bp[t, s]
+    Tb = input_lengths[b]
+    L = target_lengths[b]
+    if Tb == 0:
+        return
+    K = 2 * L + 1
+    delta = np.empty(K, dtype=lp.dtype)
+    nxt = np.empty(K, dtype=lp.dtype)
+    delta[:] = -np.inf
+    neg = delta[0]
+    bp = np.zeros((Tb, K), dtype=np.int8)
+    delta[0] = lp[0, b, blank]
+    if K > 1:
+        delta[1] = lp[0, b, targets[b, 0]]
+    for t in range(1, Tb):
+        for s in range(K):
+            x0 = delta[s]
+            x1 = delta[s - 1] if s >= 1 else neg
+            x2 = neg
+            if s % 2 == 1:
+                lab = targets[b, s // 2]
+                if s >= 3 and lab != targets[b, s // 2 - 1]:
+                    x2 = delta[s - 2]
+            else:
+                lab = blank
+            # torchaudio's order: s-2 only if strictly greater than both, then s-1.
+            if x2 > x1 and x2 > x0:
+                best = x2
+                bp[t, s] = 2
+            elif x1 > x0:
+                best = x1
+                bp[t, s] = 1
+            else:
+                best = x0
+            nxt[s] = best + lp[t, b, lab]
+        delta, nxt = nxt, delta
+    if L == 0:
+        s = 0
+        final = delta[0]
+    elif delta[K - 1] > delta[K - 2]:
+        s = K - 1
+        final = delta[K - 1]
+    else:
+        s = K - 2
+        final = delta[K - 2]
+    if not final > -np.inf:
+        # No path of nonzero probability (or NaN, poisoned by the caller).
+        for t in range(Tb):
+            scores[b, t] = -np.inf
+        return
+    for t in range(Tb - 1, -1, -1):
+        lab = targets[b, s // 2] if s % 2 == 1 else blank
+        labels[b, t] = lab
+        scores[b, t] = lp[t, b, lab]
+        s -= bp[t, s]
 
 
-@numba.njit(parallel=True, cache=True)
-def rnnt_align_kernel(blank_lp, emit_lp, logit_lengths, target_lengths, frames, scores):  # noqa: ANN001
-    """One sequence per ``prange`` iteration: lattice max recursion, then backtrack.
+@numba.njit(nogil=True, cache=True)
+def rnnt_align_kernel(blank_lp, emit_lp, logit_lengths, target_lengths, frames, scores, b):  # noqa: ANN001
+    """Sequence ``b``: lattice max recursion, then backtrack.
 
     ``blank_lp (B, T, U+1)``, ``emit_lp (B, T, U)``, float32/float64, any strides.
 
     Updates:
-        frames (B, U): emission frame per token (prefilled with -1).
-        scores (B,): best path's log-probability (prefilled with ``-inf``).
+        frames[b] (U,): emission frame per token (prefilled with -1).
+        scores[b]: best path's log-probability (prefilled with ``-inf``).
     """
-    B = blank_lp.shape[0]
-    for b in numba.prange(B):
-        Tb = logit_lengths[b]
-        Ub = target_lengths[b]
-        if Tb == 0:
-            continue
-        delta = np.empty((Tb, Ub + 1), dtype=blank_lp.dtype)
-        emit_wins = np.zeros((Tb, Ub + 1), dtype=np.bool_)
-        delta[0, 0] = 0.0
+    Tb = logit_lengths[b]
+    Ub = target_lengths[b]
+    if Tb == 0:
+        return
+    delta = np.empty((Tb, Ub + 1), dtype=blank_lp.dtype)
+    emit_wins = np.zeros((Tb, Ub + 1), dtype=np.bool_)
+    delta[0, 0] = 0.0
+    for u in range(1, Ub + 1):
+        delta[0, u] = delta[0, u - 1] + emit_lp[b, 0, u - 1]
+        emit_wins[0, u] = True
+    for t in range(1, Tb):
+        delta[t, 0] = delta[t - 1, 0] + blank_lp[b, t - 1, 0]
         for u in range(1, Ub + 1):
-            delta[0, u] = delta[0, u - 1] + emit_lp[b, 0, u - 1]
-            emit_wins[0, u] = True
-        for t in range(1, Tb):
-            delta[t, 0] = delta[t - 1, 0] + blank_lp[b, t - 1, 0]
-            for u in range(1, Ub + 1):
-                from_blank = delta[t - 1, u] + blank_lp[b, t - 1, u]
-                from_emit = delta[t, u - 1] + emit_lp[b, t, u - 1]
-                # Ties go to the blank arc.
-                if from_emit > from_blank:
-                    delta[t, u] = from_emit
-                    emit_wins[t, u] = True
-                else:
-                    delta[t, u] = from_blank
-        score = delta[Tb - 1, Ub] + blank_lp[b, Tb - 1, Ub]
-        scores[b] = score
-        if not score > -np.inf:
-            continue
-        t = Tb - 1
-        u = Ub
-        while u > 0 and t >= 0:
-            if emit_wins[t, u]:
-                frames[b, u - 1] = t
-                u -= 1
+            from_blank = delta[t - 1, u] + blank_lp[b, t - 1, u]
+            from_emit = delta[t, u - 1] + emit_lp[b, t, u - 1]
+            # Ties go to the blank arc.
+            if from_emit > from_blank:
+                delta[t, u] = from_emit
+                emit_wins[t, u] = True
             else:
-                t -= 1
+                delta[t, u] = from_blank
+    score = delta[Tb - 1, Ub] + blank_lp[b, Tb - 1, Ub]
+    scores[b] = score
+    if not score > -np.inf:
+        return
+    t = Tb - 1
+    u = Ub
+    while u > 0 and t >= 0:
+        if emit_wins[t, u]:
+            frames[b, u - 1] = t
+            u -= 1
+        else:
+            t -= 1
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -147,10 +148,10 @@ def ctc_align_forward(
         return labels, scores
     # One contiguous layout per dtype: each layout would be another Numba compilation.
     lp = log_probs.to(acc).contiguous()
-    ctc_align_kernel(
-        _np(lp), _np(targets.contiguous()), _np(input_lengths.cpu()), _np(target_lengths.cpu()),
-        blank, _np(labels), _np(scores),
-    )
+    il, tl = _np(input_lengths.cpu()), _np(target_lengths.cpu())
+    run_jobs(ctc_align_kernel,
+             (_np(lp), _np(targets.contiguous()), il, tl, blank, _np(labels), _np(scores)),
+             range(B), order=il * (2 * tl + 1))
     return labels, scores
 
 
@@ -168,8 +169,8 @@ def rnnt_align_forward(
         return frames, scores
     if emit_lp.shape[2] == 0:  # Numba cannot view a zero-size strided axis reliably
         emit_lp = emit_lp.new_zeros((B, T, 1))
-    rnnt_align_kernel(
-        _np(blank_lp.contiguous()), _np(emit_lp.contiguous()), _np(logit_lengths.cpu()), _np(target_lengths.cpu()),
-        _np(frames), _np(scores),
-    )
+    il, tl = _np(logit_lengths.cpu()), _np(target_lengths.cpu())
+    run_jobs(rnnt_align_kernel,
+             (_np(blank_lp.contiguous()), _np(emit_lp.contiguous()), il, tl, _np(frames), _np(scores)),
+             range(B), order=il * (tl + 1))
     return frames, scores

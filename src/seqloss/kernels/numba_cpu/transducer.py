@@ -7,7 +7,9 @@ Where the time goes: the loss is bound by one ``exp`` per logit. The installed
 llvmlite has no vector math library, so a Numba ``exp`` is scalar (~10x slower
 than torch's vectorized one); the passes over the logits are therefore torch ops,
 chunked over frames so that each chunk stays in cache between its passes, and only
-the ``(B, T, U+1)`` lattice runs in Numba.
+the ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per (sequence,
+direction) or sequence, on the shared thread pool (:func:`._pool.run_jobs`:
+fork-safe, the same result whatever the thread count).
 
 Memory: the normalizers are computed on the fly in the gradient's own buffer
 (``exp(x - max)`` written there, summed, then rescaled in place by the
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import njit
+
+from ._pool import run_jobs
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -124,48 +127,45 @@ def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, beta):  # noqa: ANN001, ANN202
             beta[t, u] = acc
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, alpha, beta, ll, do_beta):  # noqa: ANN001, ANN201
-    """One program per (sequence, direction): alpha, and beta when ``do_beta``.
+@njit(cache=True, nogil=True)
+def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, alpha, beta, ll, rnnt, job):  # noqa: ANN001, ANN201
+    """Job ``2 b``: sequence ``b``'s alpha and ``ll[b]``; job ``2 b + 1``: its beta.
 
-    Updates: ``alpha[b, :T_b+1, :U_b+1]``, ``beta[b, :T_b+1, :U_b+1]``, ``ll[b]``.
+    ``rnnt``: the durations are RNN-T's (``bd == (1,)``, ``ed == (0,)``).
+
+    Updates: ``alpha[b, :T_b+1, :U_b+1]`` and ``ll[b]``, or ``beta[b, :T_b+1, :U_b+1]``.
     """
-    B = Tl.shape[0]
-    rnnt = bd.shape[0] == 1 and ed.shape[0] == 1 and bd[0] == 1 and ed[0] == 0
-    for job in prange(2 * B):
-        b = job // 2
-        if job % 2 == 0:
-            if rnnt:
-                _alpha_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b])
-            else:
-                _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, alpha[b])
-            ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
-        elif do_beta:
-            if rnnt:
-                _beta_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b])
-            else:
-                _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, beta[b])
+    b = job // 2
+    if job % 2 == 0:
+        if rnnt:
+            _alpha_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b])
+        else:
+            _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, alpha[b])
+        ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
+    elif rnnt:
+        _beta_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b])
+    else:
+        _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, beta[b])
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, alpha, beta, ll,  # noqa: ANN001, ANN201
-                                 occ_blank, occ_emit):
-    """One program per (sequence, frame): the occupations of the arcs leaving frame t.
+                                 occ_blank, occ_emit, b):
+    """Sequence ``b``: the occupations of its arcs.
 
-    Updates: every entry of ``occ_blank`` and ``occ_emit`` (0 off the valid arcs).
+    Updates: every entry of ``occ_blank[b]`` and ``occ_emit[b]`` (0 off the valid arcs).
     """
-    B, T, U1 = arc_blank.shape[0], arc_blank.shape[1], arc_blank.shape[2]
-    for job in prange(B * T):
-        b = job // T
-        t = job % T
-        Tb, Ub, lb = Tl[b], Ul[b], ll[b]
+    T, U1 = arc_blank.shape[1], arc_blank.shape[2]
+    Tb, Ub, lb = Tl[b], Ul[b], ll[b]
+    for t in range(T):
         for u in range(U1):
             for i in range(bd.shape[0]):
                 occ_blank[b, t, u, i] = 0.0
             for j in range(ed.shape[0]):
                 occ_emit[b, t, u, j] = 0.0
-        if t >= Tb or lb == NEG_INF or lb != lb:
-            continue
+    if lb == NEG_INF or lb != lb:
+        return
+    for t in range(Tb):
         for u in range(Ub + 1):
             a = alpha[b, t, u]
             if a == NEG_INF:
@@ -202,19 +202,25 @@ def transducer_lattice(
     alpha = torch.empty((B, T + 1, U1), dtype=dt)
     beta = torch.empty((B, T + 1, U1), dtype=dt) if compute_occupations else alpha.new_empty((B, 1, 1))
     ll = torch.empty((B,), dtype=dt)
-    transducer_alpha_beta_kernel(ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, alpha.numpy(), beta.numpy(),
-                                 ll.numpy(), compute_occupations)
+    rnnt = bd.tolist() == [1] and ed.tolist() == [0]
+    # Beta only when the occupations need it; each direction of each sequence is a job.
+    jobs = range(2 * B) if compute_occupations else range(0, 2 * B, 2)
+    cost = [Tl[j // 2] * (Ul[j // 2] + 1) for j in jobs]
+    run_jobs(transducer_alpha_beta_kernel,
+             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, alpha.numpy(), beta.numpy(), ll.numpy(), rnnt),
+             jobs, order=cost)
     if not compute_occupations:
         return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
-    if len(blank_durations) == 1 and len(emit_durations) == 1 and blank_durations[0] == 1 \
-            and emit_durations[0] == 0:
-        # RNN-T: vectorized exps in torch beat a Numba parallel region on this small
+    if rnnt:
+        # RNN-T: vectorized exps in torch beat a Numba loop on this small
         # (B, T, U+1) work (Numba's exp is scalar).
         return ll, *_rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll)
     occ_b = torch.empty_like(ab)
     occ_e = torch.empty_like(ae)
-    transducer_occupation_kernel(ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, alpha.numpy(), beta.numpy(),
-                                 ll.numpy(), occ_b.numpy(), occ_e.numpy())
+    run_jobs(transducer_occupation_kernel,
+             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, alpha.numpy(), beta.numpy(), ll.numpy(),
+              occ_b.numpy(), occ_e.numpy()),
+             range(B), order=Tl * (Ul + 1))
     return ll, occ_b, occ_e
 
 
