@@ -12,7 +12,7 @@ import torch
 from conftest import device_for
 
 pytest.importorskip("triton")
-triton_ctc = pytest.importorskip("seqloss.kernels.triton_cuda.ctc")
+triton_ctc = pytest.importorskip("seqloss.ctc.triton_cuda")
 from seqloss.ctc import reference as reference_ctc  # noqa: E402
 
 INF = float("inf")

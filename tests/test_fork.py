@@ -129,8 +129,8 @@ SCRIPT = textwrap.dedent(
 
         import numpy as np
 
-        from seqloss.kernels.numba_cpu import align
-        from seqloss.kernels.numba_cpu._pool import run_jobs
+        from seqloss.align import numba_cpu as align
+        from seqloss._core.numba_pool import run_jobs
 
         ran = {}
 

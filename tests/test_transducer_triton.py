@@ -10,10 +10,13 @@ import pytest
 import torch
 from conftest import device_for
 
-from seqloss.reference import transducer as ref
 from seqloss.testing import assert_close_budget
+from seqloss.transducer.joint import reference as joint_ref
+from seqloss.transducer.joint.table import rnnt_table
+from seqloss.transducer.lattice import reference as lattice_ref
 
-K = pytest.importorskip("seqloss.kernels.triton_cuda.transducer")
+LAT = pytest.importorskip("seqloss.transducer.lattice.triton_cuda")
+JOINT = pytest.importorskip("seqloss.transducer.joint.triton_cuda")
 DEVICE = device_for("triton")
 NAN = float("nan")
 INF = float("inf")
@@ -53,9 +56,9 @@ def test_lattice_matches_reference(durs):
     ab, ae = _arcs(B, T, U1, len(bd), len(ed), seed=len(bd) * 10 + len(ed))
     il = torch.tensor([9, 4, 7, 1, 0])
     tl = torch.tensor([4, 2, 0, 3, 1])
-    want = ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
+    want = lattice_ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
     ab_p, ae_p = _poison_unread(ab, ae, il, tl)
-    got = K.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, True)
+    got = LAT.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, True)
     names = ("log_likelihood", "occ_blank", "occ_emit")
     for name, a, e in zip(names, got, want):
         assert a.dtype == torch.float64 and a.shape == e.shape
@@ -68,7 +71,7 @@ def test_lattice_matches_reference(durs):
             assert torch.count_nonzero(occ[b, il[b]:]) == 0
             assert torch.count_nonzero(occ[b, :, tl[b] + 1:]) == 0
     # Without occupations: the same log-likelihood, bit for bit.
-    ll, e1, e2 = K.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, False)
+    ll, e1, e2 = LAT.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, False)
     assert torch.equal(ll, got[0]) and e1.numel() == 0 and e2.numel() == 0
 
 
@@ -80,8 +83,8 @@ def test_lattice_infeasible_and_float32():
     ab[1] = -INF  # no blank arc: never reaches the last frame
     il = torch.tensor([6, 6, 3])
     tl = torch.tensor([3, 2, 3])
-    ll, ob, oe = K.transducer_lattice(ab.float().to(DEVICE), ae.float().to(DEVICE), il, tl, bd, ed, True)
-    want = ref.transducer_lattice(ab.float(), ae.float(), il, tl, bd, ed, True)
+    ll, ob, oe = LAT.transducer_lattice(ab.float().to(DEVICE), ae.float().to(DEVICE), il, tl, bd, ed, True)
+    want = lattice_ref.transducer_lattice(ab.float(), ae.float(), il, tl, bd, ed, True)
     assert ll.dtype == torch.float32
     assert ll[1].item() == -INF and torch.count_nonzero(ob[1]) == 0 and torch.count_nonzero(oe[1]) == 0
     assert_close_budget(ll, want[0], rtol=1e-6, what="ll")
@@ -93,11 +96,11 @@ def test_lattice_noncontiguous_arcs():
     bd, ed = (1, 2), (0, 1)
     ab, ae = _arcs(2, 5, 4, 2, 2, seed=4)
     il, tl = torch.tensor([5, 3]), torch.tensor([3, 1])
-    want = ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
+    want = lattice_ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
     # Arcs laid out as (B, D, U+1, T) in memory, viewed as (B, T, U+1, D).
     abt = ab.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
     aet = ae.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
-    got = K.transducer_lattice(abt.to(DEVICE), aet.to(DEVICE), il, tl, bd, ed, True)
+    got = LAT.transducer_lattice(abt.to(DEVICE), aet.to(DEVICE), il, tl, bd, ed, True)
     for a, e in zip(got, want):
         assert_close_budget(a, e, rtol=1e-12, atol=1e-15, what="lattice")
 
@@ -118,7 +121,8 @@ def _pack(x, il, tl):
 
 
 def _fwd(mod, x, tg, il, tl, *, fused=True, clamp=-1.0, lam=0.0, scale=1.0, buf=None, blank=0):
-    return mod.rnnt_loss_forward(x, tg, il, tl, blank, clamp, fused, lam, True, buf, scale)
+    table = rnnt_table(x.shape[-1], blank, clamp, lam)
+    return mod.joint_loss_forward(x, tg, il, tl, table, fused, True, buf, scale)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
@@ -129,12 +133,12 @@ def test_half_inputs(dtype, fused):
     if not fused:
         x = x.log_softmax(-1)
     xh = x.to(dtype).to(DEVICE)
-    loss, g = _fwd(K, xh, tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
-    loss32, g32 = _fwd(K, xh.float(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
+    loss, g = _fwd(JOINT, xh, tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
+    loss32, g32 = _fwd(JOINT, xh.float(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
     assert loss.dtype == torch.float32 and g.dtype == dtype
     assert torch.equal(loss, loss32)
     assert torch.equal(g, g32.to(dtype))
-    want, _ = _fwd(ref, xh.double().cpu(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
+    want, _ = _fwd(joint_ref, xh.double().cpu(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
     assert_close_budget(loss, want, rtol=1e-5, what="loss")
 
 
@@ -150,14 +154,14 @@ def test_noncontiguous_logits(packed):
         xs = x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # (t, u) strides swapped
     assert not xs.is_contiguous()
     kw = dict(clamp=0.2, lam=0.3, scale=0.25, blank=2)
-    want_l, want_g = _fwd(ref, x, tg, il, tl, **kw)
-    loss, g = _fwd(K, xs.to(DEVICE), tg, il, tl, **kw)
+    want_l, want_g = _fwd(joint_ref, x, tg, il, tl, **kw)
+    loss, g = _fwd(JOINT, xs.to(DEVICE), tg, il, tl, **kw)
     assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
     assert_close_budget(g, want_g, rtol=1e-12, atol=1e-15, what="grad")
     # The in-place mode writes through the same strides.
     buf = xs.clone() if packed else xs.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
     buf = buf.to(DEVICE)
-    loss2, g2 = _fwd(K, buf, tg, il, tl, buf=buf, **kw)
+    loss2, g2 = _fwd(JOINT, buf, tg, il, tl, buf=buf, **kw)
     assert g2.data_ptr() == buf.data_ptr()
     assert torch.equal(loss2, loss) and torch.equal(g2, g)
 
@@ -168,11 +172,11 @@ def test_nan_sequence_leaves_others_alone(fused):
     il[:], tl[:] = torch.tensor([6, 5, 3, 4]), torch.tensor([3, 1, 2, 0])
     if not fused:
         x = x.log_softmax(-1)
-    clean_l, clean_g = _fwd(K, x.to(DEVICE), tg, il, tl, fused=fused)
+    clean_l, clean_g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, fused=fused)
     x[2, 1, 2, 4] = NAN
     x[0, 5, 3, 1] = INF  # the last row sequence 0 reads
     x[3, 4:, :, :] = NAN  # sequence 3's padding frames: never read
-    loss, g = _fwd(K, x.to(DEVICE), tg, il, tl, fused=fused)
+    loss, g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, fused=fused)
     assert torch.isnan(loss[[0, 2]]).all()
     assert torch.equal(loss[[1, 3]], clean_l[[1, 3]]) and torch.equal(g[[1, 3]], clean_g[[1, 3]])
     for b in (0, 2):
@@ -185,8 +189,8 @@ def test_extreme_scale_and_neg_inf_rows():
     x, tg, il, tl = _rnnt_inputs(2, 5, 3, 6, seed=8)
     x = x * 1000
     x[1, 0, 0, :] = -INF  # sequence 1 cannot leave (0, 0): infeasible, zero gradient
-    want_l, want_g = _fwd(ref, x, tg, il, tl, clamp=0.5)
-    loss, g = _fwd(K, x.to(DEVICE), tg, il, tl, clamp=0.5)
+    want_l, want_g = _fwd(joint_ref, x, tg, il, tl, clamp=0.5)
+    loss, g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, clamp=0.5)
     assert loss[1].item() == INF and torch.count_nonzero(g[1]) == 0
     assert torch.isfinite(loss[0]) and torch.isfinite(g).all()
     assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
