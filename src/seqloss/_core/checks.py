@@ -118,7 +118,7 @@ def check_ids(
     lengths: np.ndarray,
     name: str,
     num_classes: int,
-    blank: int,
+    blank: int | tuple[int, ...],
     *,
     offsets: np.ndarray | None = None,
 ) -> None:
@@ -126,14 +126,17 @@ def check_ids(
 
     ``ids`` is ``(B, S)`` padded, or 1-D concatenated with per-item ``offsets``;
     ``lengths`` is on the host. Ids must lie in ``[0, num_classes)`` and differ
-    from ``blank``.
+    from ``blank`` (from each blank-like class, when a tuple).
     """
+    blanks = (blank,) if isinstance(blank, int) else tuple(blank)
     if lengths.size == 0:
         return
     host = to_host(ids) if isinstance(ids, torch.Tensor) else ids
     if host.size == 0:
         return
-    bad = (host < 0) | (host >= num_classes) | (host == blank)
+    bad = (host < 0) | (host >= num_classes)
+    for c in blanks:
+        bad |= host == c
     if offsets is None:
         bad &= np.arange(host.shape[1])[None, :] < lengths[:, None]
     if not bad.any():
@@ -148,8 +151,9 @@ def check_ids(
         s = i - int(offsets[b])
         v = int(host[i])
         where = f"{name}[{i}] (batch item {b}, position {s})"
-    if v == blank:
-        raise InputError(f"{where} = {v} equals blank = {blank}; targets may not contain blank")
+    if v in blanks:
+        what = f"blank = {v}" if len(blanks) == 1 else f"the blank-like class {v} (blanks: {blanks})"
+        raise InputError(f"{where} = {v} equals {what}; targets may not contain blank")
     raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
 
 

@@ -22,25 +22,21 @@ import torch
 from .errors import InputError, InputTypeError
 from .types import BACKENDS
 
+_BACKEND_MODULES = {"reference": "reference", "numba": "numba_cpu", "triton": "triton_cuda"}
+
 # family -> backend -> module. Each backend module of a family exposes the same
 # functions with the same signatures (the family's reference documents them).
 _MODULES = {
-    "ctc": {
-        "reference": "seqloss.ctc.reference",
-        "numba": "seqloss.kernels.numba_cpu.ctc",
-        "triton": "seqloss.kernels.triton_cuda.ctc",
-    },
-    "transducer": {
-        "reference": "seqloss.reference.transducer",
-        "numba": "seqloss.kernels.numba_cpu.transducer",
-        "triton": "seqloss.kernels.triton_cuda.transducer",
-    },
-    "align": {
-        "reference": "seqloss.align.reference",
-        "numba": "seqloss.kernels.numba_cpu.align",
-        "triton": "seqloss.kernels.triton_cuda.align",
-    },
+    family: {b: f"{package}.{module}" for b, module in _BACKEND_MODULES.items()}
+    for family, package in {
+        "ctc": "seqloss.ctc",
+        "lattice": "seqloss.transducer.lattice",
+        "joint": "seqloss.transducer.joint",
+        "align": "seqloss.align",
+    }.items()
 }
+# The Numba CTC kernel still lives in the old kernels package.
+_MODULES["ctc"]["numba"] = "seqloss.kernels.numba_cpu.ctc"
 
 
 # Looked up once at import (find_spec does not import the package); a plain dict

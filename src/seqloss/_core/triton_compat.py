@@ -62,3 +62,8 @@ def _interpreter_compat() -> None:
 
 
 _interpreter_compat()
+
+
+def state_warps(block_k: int) -> int:
+    """Warps for a serial recursion with a barrier per step: few, about 2 states per thread."""
+    return max(1, min(8, block_k // 64))

@@ -73,19 +73,21 @@ def transducer_values(
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    blank: int,
+    blank: int | tuple[int, ...],
     *,
     validate: bool,
+    num_tokens: int | None = None,
 ) -> torch.Tensor:
     """Value checks for transducers; returns the targets as padded ``(B, S)`` int64.
 
     Padded logits ``(B, T, U+1, V)``: ``logit_lengths[b] <= T``, ``target_lengths[b]
     <= min(targets.size(1), U)``. Packed ``(N, V)``: the rows add up to ``N``.
-    Target ids read (``< target_lengths[b]``) must lie in ``[0, V)`` and differ
-    from ``blank``. Entries past a target length are replaced by 0, so no kernel
+    Target ids read (``< target_lengths[b]``) must lie in ``[0, V)`` (``num_tokens``:
+    the token block, when the joint has duration logits after it) and differ from
+    ``blank`` (every blank-like class, when a tuple). Entries past a target length are replaced by 0, so no kernel
     reads an unchecked id.
     """
-    V = logits.shape[-1]
+    V = logits.shape[-1] if num_tokens is None else num_tokens
     packed = logits.dim() == 2
     if validate:
         if packed:
@@ -112,4 +114,4 @@ def transducer_values(
                 )
         offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
         check_ids(targets, tl, "targets", V, blank, offsets=offsets)
-    return ctc_values(targets, logit_lengths, target_lengths, 2**62, V, blank, validate=False)
+    return ctc_values(targets, logit_lengths, target_lengths, 2**62, V, 0, validate=False)

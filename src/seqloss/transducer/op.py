@@ -9,6 +9,7 @@ from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, _is_traced, conform_layout, grad_to_hand_on, scale_grad  # noqa: F401
 from .._core.reduce import reduce_transducer, volume_weight
 from .checks import transducer_values
+from .joint.table import JointTable, rnnt_table
 
 
 def _batch_scale(grad_loss: Tensor, B: int, packed: bool, logit_lengths: Tensor,
@@ -19,6 +20,46 @@ def _batch_scale(grad_loss: Tensor, B: int, packed: bool, logit_lengths: Tensor,
         return g
     reps = (logit_lengths * (target_lengths + 1)).to(g.device)
     return torch.repeat_interleave(g, reps, output_size=rows)
+
+
+def joint_loss_impl(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+    grad_buffer: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Value checks, the backend's table-driven joint, ``zero_infinity`` and the reduction.
+
+    The ``"mean"`` reduction's ``1/B`` is folded into the gradient here (the
+    kernel's ``grad_scale``), so that the usual backward (incoming gradient 1)
+    hands the saved gradient on untouched: no second logits-sized tensor.
+    """
+    padded = transducer_values(
+        logits, targets, logit_lengths, target_lengths, table.blank_tokens, validate=validate,
+        num_tokens=table.num_tokens,
+    )
+    B = logit_lengths.shape[0]
+    grad_scale = 1.0 / B if reduction == "mean" and B > 0 else 1.0
+    loss, grad = kernel_module("joint", backend).joint_loss_forward(
+        logits, padded, logit_lengths, target_lengths, table, fused_log_softmax, compute_grad,
+        grad_buffer, grad_scale,
+    )
+    if grad_buffer is None:
+        grad = conform_layout(grad, logits)
+    if reduction == "mean_volume" and grad.numel():
+        # 1 / sum_b U_b, applied to our own fresh gradient (no host sync for the divisor).
+        grad.mul_(volume_weight(target_lengths, torch.float64).to(grad.dtype))
+    if zero_infinity:
+        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
+    return reduce_transducer(loss, reduction, target_lengths), grad
 
 
 def rnnt_loss_impl(
@@ -37,30 +78,75 @@ def rnnt_loss_impl(
     validate: bool,
     grad_buffer: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Value checks, the backend's ``rnnt_loss_forward``, ``zero_infinity`` and the reduction.
+    """RNN-T: the joint with ``rnnt_table``."""
+    table = rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda)
+    return joint_loss_impl(logits, targets, logit_lengths, target_lengths, table,
+                           fused_log_softmax, reduction, zero_infinity, backend, compute_grad,
+                           validate, grad_buffer)
 
-    The ``"mean"`` reduction's ``1/B`` is folded into the gradient here (the
-    kernel's ``grad_scale``), so that the usual backward (incoming gradient 1)
-    hands the saved gradient on untouched: no second logits-sized tensor.
-    """
-    padded = transducer_values(
-        logits, targets, logit_lengths, target_lengths, blank, validate=validate
-    )
+
+# --------------------------------------------------------------------------- any table
+def table_loss_impl(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    table_ints: list[int],
+    table_floats: list[float],
+    fused_log_softmax: bool,
+    reduction: str,
+    zero_infinity: bool,
+    backend: str,
+    compute_grad: bool,
+    validate: bool,
+) -> tuple[Tensor, Tensor]:
+    """The joint loss of any table, the table flattened for the op schema (``JointTable.encode``)."""
+    table = JointTable.decode(table_ints, table_floats)
+    return joint_loss_impl(logits, targets, logit_lengths, target_lengths, table,
+                           fused_log_softmax, reduction, zero_infinity, backend, compute_grad,
+                           validate)
+
+
+table_loss_op = torch.library.custom_op("seqloss::transducer_joint_loss", table_loss_impl,
+                                        mutates_args=())
+
+
+@table_loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
+      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+    shape = (logit_lengths.shape[0],) if reduction == "none" else ()
+    loss = logits.new_empty(shape, dtype=_acc_dtype(logits.dtype))
+    grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
+    return loss, grad
+
+
+def _table_setup(ctx, inputs, output):  # noqa: ANN001
+    ctx.set_materialize_grads(False)
+    ctx.packed = inputs[0].dim() == 2
+    ctx.compute_grad = inputs[-2]
+    ctx.validate = inputs[-1]
+    ctx.save_for_backward(output[1], inputs[2], inputs[3])
+
+
+def _table_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
+    return _transducer_backward(ctx, grad_loss, 11)
+
+
+table_loss_op.register_autograd(_table_backward, setup_context=_table_setup)
+
+
+def _transducer_backward(ctx, grad_loss, n_nones: int):  # noqa: ANN001
+    grad, logit_lengths, target_lengths = ctx.saved_tensors
+    nones = (None,) * n_nones
+    if grad_loss is None:  # only the (non-differentiable) gradient output was used
+        return (None, *nones)
+    if not ctx.compute_grad:
+        raise RuntimeError("seqloss: a transducer loss was called with compute_grad=False")
     B = logit_lengths.shape[0]
-    grad_scale = 1.0 / B if reduction == "mean" and B > 0 else 1.0
-    kern = kernel_module("transducer", backend)
-    loss, grad = kern.rnnt_loss_forward(
-        logits, padded, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-        fastemit_lambda, compute_grad, grad_buffer, grad_scale,
-    )
-    if grad_buffer is None:
-        grad = conform_layout(grad, logits)
-    if reduction == "mean_volume" and grad.numel():
-        # 1 / sum_b U_b, applied to our own fresh gradient (no host sync for the divisor).
-        grad.mul_(volume_weight(target_lengths, torch.float64).to(grad.dtype))
-    if zero_infinity:
-        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    return reduce_transducer(loss, reduction, target_lengths), grad
+    return (grad_to_hand_on(
+        grad, grad_loss, 0, ctx.validate,
+        lambda g: _batch_scale(g, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0]),
+    ), *nones)
 
 
 @torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
@@ -112,17 +198,7 @@ def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
 
 
 def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
-    grad, logit_lengths, target_lengths = ctx.saved_tensors
-    nones = (None,) * 12
-    if grad_loss is None:  # only the (non-differentiable) gradient output was used
-        return (None, *nones)
-    if not ctx.compute_grad:
-        raise RuntimeError("seqloss: rnnt_loss was called with compute_grad=False")
-    B = logit_lengths.shape[0]
-    return (grad_to_hand_on(
-        grad, grad_loss, 0, ctx.validate,
-        lambda g: _batch_scale(g, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0]),
-    ), *nones)
+    return _transducer_backward(ctx, grad_loss, 12)
 
 
 rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)

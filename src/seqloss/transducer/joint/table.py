@@ -74,6 +74,23 @@ class JointTable:
     clamp: float = -1.0
     emit_can_end: bool = False
 
+    def encode(self) -> tuple[list[int], list[float]]:
+        """The table as two flat lists (a ``torch.library`` schema takes no dataclass)."""
+        ints = [len(self.blank_arcs), len(self.emit_arcs), self.num_tokens, self.num_durations,
+                int(self.emit_can_end)]
+        for a in (*self.blank_arcs, *self.emit_arcs):
+            ints += [a.duration, -1 if a.token is None else a.token,
+                     -1 if a.duration_logit is None else a.duration_logit]
+        return ints, [float(self.sigma), float(self.fastemit_lambda), float(self.clamp)]
+
+    @staticmethod
+    def decode(ints: list[int], floats: list[float]) -> JointTable:
+        nb, ne, V, D, can_end = ints[:5]
+        arcs = [Arc(ints[k], None if ints[k + 1] < 0 else ints[k + 1],
+                    None if ints[k + 2] < 0 else ints[k + 2]) for k in range(5, len(ints), 3)]
+        return JointTable(tuple(arcs[:nb]), tuple(arcs[nb : nb + ne]), V, D, floats[0],
+                          floats[1], floats[2], bool(can_end))
+
     @property
     def blank_durations(self) -> tuple[int, ...]:
         return tuple(a.duration for a in self.blank_arcs)

@@ -45,7 +45,7 @@ def lattice_op(
     acc = _acc(arc_blank.dtype)
     ab = arc_blank.detach().to(acc)
     ae = arc_emit.detach().to(acc)
-    kern = kernel_module("transducer", backend)
+    kern = kernel_module("lattice", backend)
     ll, ob, oe = kern.transducer_lattice(
         ab, ae, logit_lengths, target_lengths, tuple(blank_durations), tuple(emit_durations),
         compute_grad, emit_can_end,

@@ -105,7 +105,6 @@ def transducer_lattice(
     float64 for the reference's own use).
     """
     B, T, U1, Db = arc_blank.shape
-    De = arc_emit.shape[3]
     device, dt = arc_blank.device, arc_blank.dtype
     Tb = logit_lengths.to(device)[:, None]
     Ub = target_lengths.to(device)[:, None]

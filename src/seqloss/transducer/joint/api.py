@@ -1,0 +1,54 @@
+"""``joint_loss``: the transducer loss of any ``JointTable`` (the variants' public functions call it)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..._core import checks
+from ..._core.dispatch import resolve_backend
+from ..._core.ops import call_loss_op
+from ..._core.types import IntsLike
+from ..checks import transducer_inputs
+from ..op import _batch_scale, table_loss_impl, table_loss_op
+from .table import JointTable
+
+
+def joint_loss(
+    logits: Tensor,
+    targets: Tensor,
+    logit_lengths: IntsLike,
+    target_lengths: IntsLike,
+    table: JointTable,
+    *,
+    reduction: str = "mean",
+    fused_log_softmax: bool = True,
+    zero_infinity: bool = False,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    """The loss of the transducer ``table`` describes, on the full joint.
+
+    ``logits`` padded ``(B, T, U+1, V + D)`` or packed ``(N, V + D)`` (``D``:
+    ``table.num_durations``); everything else as :func:`seqloss.rnnt_loss`. A
+    variant (multi-blank, TDT, ...) is a table plus a call to this function: the
+    prologue, the lattice and the epilogue are shared by every backend.
+    """
+    packed = logits.dim() == 2
+    tg, il, tl, _ = transducer_inputs(logits, targets, logit_lengths, target_lengths,
+                                      table.blank_tokens[0], packed=packed)
+    checks.check_reduction(reduction, transducer=True)
+    name = resolve_backend(backend, logits.device)
+    compute_grad = torch.is_grad_enabled() and logits.requires_grad
+    ints, floats = table.encode()
+    per_batch = None
+    if packed:
+        def per_batch(g: Tensor) -> Tensor:
+            return _batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])
+
+    loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, per_batch, logits, tg, il, tl,
+                           ints, floats, bool(fused_log_softmax), reduction, bool(zero_infinity),
+                           name, compute_grad, bool(validate))
+    if logits.dtype in (torch.float32, torch.float64):
+        loss = loss.to(logits.dtype)
+    return loss

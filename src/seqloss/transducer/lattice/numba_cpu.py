@@ -1,0 +1,230 @@
+r"""The transducer lattice on CPU with Numba: alpha, beta and the arc occupations.
+
+Implements ``transducer_lattice`` of ``seqloss.transducer.lattice.reference`` (same
+signature and semantics). Sequences (and the two directions) are independent jobs on
+the one fork-safe thread pool of GIL-free calls (``seqloss._core.numba_pool``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit
+
+from ..._core.numba_pool import run_jobs
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lae(a, b):  # noqa: ANN001, ANN202
+    # Guarded logaddexp: -inf is an exact zero, no epsilon.
+    if a == NEG_INF:
+        return b
+    if b == NEG_INF:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, nogil=True)
+def _alpha_rnnt(arc_blank, arc_emit, Tb, Ub, alpha):  # noqa: ANN001, ANN202
+    """``_alpha`` specialized to RNN-T's arcs (blank +1 frame, emission +0 frames)."""
+    alpha[0, 0] = 0.0
+    for u in range(1, Ub + 1):
+        alpha[0, u] = alpha[0, u - 1] + arc_emit[0, u - 1, 0] if Tb > 0 else NEG_INF
+    for t in range(1, Tb + 1):
+        alpha[t, 0] = alpha[t - 1, 0] + arc_blank[t - 1, 0, 0]
+        if t < Tb:
+            for u in range(1, Ub + 1):
+                alpha[t, u] = _lae(alpha[t - 1, u] + arc_blank[t - 1, u, 0],
+                                   alpha[t, u - 1] + arc_emit[t, u - 1, 0])
+        else:
+            for u in range(1, Ub + 1):
+                alpha[t, u] = alpha[t - 1, u] + arc_blank[t - 1, u, 0]
+
+
+@njit(cache=True, nogil=True)
+def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
+    """``_beta`` specialized to RNN-T's arcs."""
+    for u in range(Ub + 1):
+        beta[Tb, u] = NEG_INF
+    beta[Tb, Ub] = 0.0
+    for t in range(Tb - 1, -1, -1):
+        beta[t, Ub] = arc_blank[t, Ub, 0] + beta[t + 1, Ub]
+        for u in range(Ub - 1, -1, -1):
+            beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u], arc_emit[t, u, 0] + beta[t, u + 1])
+
+
+@njit(cache=True, nogil=True)
+def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):  # noqa: ANN001, ANN202
+    """Forward variables of one sequence (states t <= Tb, u <= Ub).
+
+    ``ce`` (emit_can_end): 1 lets an emission land on frame ``Tb``, 0 stops it at ``Tb - 1``.
+    """
+    neg = arc_blank.dtype.type(NEG_INF)
+    for t in range(Tb + 1):
+        for u in range(Ub + 1):
+            if t == 0 and u == 0:
+                alpha[0, 0] = 0.0
+                continue
+            acc = neg
+            for i in range(bd.shape[0]):
+                ts = t - bd[i]
+                if ts >= 0:
+                    acc = _lae(acc, alpha[ts, u] + arc_blank[ts, u, i])
+            if u > 0 and t < Tb + ce:
+                for j in range(ed.shape[0]):
+                    ts = t - ed[j]
+                    if 0 <= ts < Tb:  # arcs leave frames t < Tb only
+                        acc = _lae(acc, alpha[ts, u - 1] + arc_emit[ts, u - 1, j])
+            alpha[t, u] = acc
+
+
+@njit(cache=True, nogil=True)
+def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):  # noqa: ANN001, ANN202
+    """Backward variables of one sequence; beta(Tb, Ub) = 0."""
+    neg = arc_blank.dtype.type(NEG_INF)
+    for u in range(Ub + 1):
+        beta[Tb, u] = neg
+    beta[Tb, Ub] = 0.0
+    for t in range(Tb - 1, -1, -1):
+        for u in range(Ub, -1, -1):
+            acc = neg
+            for i in range(bd.shape[0]):
+                td = t + bd[i]
+                if td <= Tb:
+                    acc = _lae(acc, arc_blank[t, u, i] + beta[td, u])
+            if u < Ub:
+                for j in range(ed.shape[0]):
+                    td = t + ed[j]
+                    if td < Tb + ce:
+                        acc = _lae(acc, arc_emit[t, u, j] + beta[td, u + 1])
+            beta[t, u] = acc
+
+
+@njit(cache=True, nogil=True)
+def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll, rnnt, job):  # noqa: ANN001, ANN201
+    """Job ``2 b``: sequence ``b``'s alpha and ``ll[b]``; job ``2 b + 1``: its beta.
+
+    ``rnnt``: the durations are RNN-T's (``bd == (1,)``, ``ed == (0,)``).
+
+    Updates: ``alpha[b, :T_b+1, :U_b+1]`` and ``ll[b]``, or ``beta[b, :T_b+1, :U_b+1]``.
+    """
+    b = job // 2
+    if job % 2 == 0:
+        if rnnt:
+            _alpha_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b])
+        else:
+            _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, alpha[b])
+        ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
+    elif rnnt:
+        _beta_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b])
+    else:
+        _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, beta[b])
+
+
+@njit(cache=True, nogil=True)
+def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll,  # noqa: ANN001, ANN201
+                                 occ_blank, occ_emit, b):
+    """Sequence ``b``: the occupations of its arcs.
+
+    Updates: every entry of ``occ_blank[b]`` and ``occ_emit[b]`` (0 off the valid arcs).
+    """
+    T, U1 = arc_blank.shape[1], arc_blank.shape[2]
+    Tb, Ub, lb = Tl[b], Ul[b], ll[b]
+    for t in range(T):
+        for u in range(U1):
+            for i in range(bd.shape[0]):
+                occ_blank[b, t, u, i] = 0.0
+            for j in range(ed.shape[0]):
+                occ_emit[b, t, u, j] = 0.0
+    if lb == NEG_INF or lb != lb:
+        return
+    for t in range(Tb):
+        for u in range(Ub + 1):
+            a = alpha[b, t, u]
+            if a == NEG_INF:
+                continue
+            for i in range(bd.shape[0]):
+                td = t + bd[i]
+                if td <= Tb:
+                    occ_blank[b, t, u, i] = math.exp(a + arc_blank[b, t, u, i] + beta[b, td, u] - lb)
+            if u < Ub:
+                for j in range(ed.shape[0]):
+                    td = t + ed[j]
+                    if td < Tb + ce:
+                        occ_emit[b, t, u, j] = math.exp(a + arc_emit[b, t, u, j] + beta[b, td, u + 1] - lb)
+
+
+def transducer_lattice(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    compute_occupations: bool,
+    emit_can_end: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.transducer.lattice.reference.transducer_lattice``."""
+    B, T, U1, _ = arc_blank.shape
+    dt = arc_blank.dtype
+    ab = arc_blank.contiguous()
+    ae = arc_emit.contiguous()
+    Tl = logit_lengths.cpu().numpy().astype(np.int64)
+    Ul = target_lengths.cpu().numpy().astype(np.int64)
+    bd = np.asarray(blank_durations, dtype=np.int64)
+    ed = np.asarray(emit_durations, dtype=np.int64)
+    alpha = torch.empty((B, T + 1, U1), dtype=dt)
+    beta = torch.empty((B, T + 1, U1), dtype=dt) if compute_occupations else alpha.new_empty((B, 1, 1))
+    ll = torch.empty((B,), dtype=dt)
+    ce = int(bool(emit_can_end))
+    rnnt = bd.tolist() == [1] and ed.tolist() == [0] and not ce
+    # Beta only when the occupations need it; each direction of each sequence is a job.
+    jobs = range(2 * B) if compute_occupations else range(0, 2 * B, 2)
+    cost = [Tl[j // 2] * (Ul[j // 2] + 1) for j in jobs]
+    run_jobs(transducer_alpha_beta_kernel,
+             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(), ll.numpy(),
+              rnnt),
+             jobs, order=cost)
+    if not compute_occupations:
+        return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+    if rnnt:
+        # RNN-T: vectorized exps in torch beat a Numba loop on this small
+        # (B, T, U+1) work (Numba's exp is scalar).
+        return ll, *_rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll)
+    occ_b = torch.empty_like(ab)
+    occ_e = torch.empty_like(ae)
+    run_jobs(transducer_occupation_kernel,
+             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
+              ll.numpy(), occ_b.numpy(), occ_e.numpy()),
+             range(B), order=Tl * (Ul + 1))
+    return ll, occ_b, occ_e
+
+
+def _rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll):  # noqa: ANN001, ANN202
+    B, T, U1, _ = ab.shape
+    Tb = logit_lengths.cpu()[:, None, None]
+    Ub = target_lengths.cpu()[:, None, None]
+    tt = torch.arange(T)[None, :, None]
+    uu = torch.arange(U1)[None, None, :]
+    src = (tt < Tb) & (uu <= Ub) & (ll != NEG_INF)[:, None, None]
+    ll_safe = torch.where(ll == NEG_INF, 0.0, ll)[:, None, None]
+    # In place, a few (B, T, U+1) tensors at most: with a small V they are not negligible.
+    occ_b = alpha[:, :T] - ll_safe
+    occ_e = occ_b.clone()
+    occ_b.add_(ab[..., 0]).add_(beta[:, 1 : T + 1]).exp_().masked_fill_(~src, 0.0)
+    occ_e[:, :, : U1 - 1].add_(ae[:, :, : U1 - 1, 0]).add_(beta[:, :T, 1:]).exp_()
+    occ_e.masked_fill_(~(src & (uu < Ub)), 0.0)
+    return occ_b[..., None], occ_e[..., None]
+
+

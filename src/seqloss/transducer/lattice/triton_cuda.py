@@ -1,0 +1,376 @@
+r"""Transducer lattice and RNN-T loss with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
+
+Implements the kernel interface documented in ``seqloss.reference.transducer``
+(``transducer_lattice`` and ``rnnt_loss_forward``, same signatures and semantics).
+
+Launches, in stream order (each phase is its own launch, so no program ever
+reads what another program of the same launch writes):
+
+``transducer_lattice``
+    1. ``transducer_alpha_beta_kernel``, grid ``(B, 2)``: program ``(b, 0)`` runs the
+       forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
+       concurrently (they share nothing); each walks the anti-diagonals
+       ``n = t + u`` with the diagonal's states in the lanes and stores them to its
+       own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
+    2. ``transducer_occupation_kernel``: one program per block of states
+       ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``.
+
+``rnnt_loss_forward`` (prologue, core, epilogue)
+    1. ``rnnt_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of
+       the joint; one read of the logits: online log-sum-exp over blocks of ``V``
+       (fused only), the blank and target scores gathered into the arc grids
+       (as log-probabilities), and a per-row NaN/``+inf`` flag.
+    2. ``transducer_alpha_beta_kernel`` as above, with RNN-T's arcs.
+    3. ``rnnt_grad_kernel``: one program per block of rows, one more read of the
+       logits and one write of the gradient: the two arc occupations of the row
+       (from alpha, beta, the arcs and ``log p``), then
+       ``softmax * (o_b + (1+λ) o_e) - o_b [blank] - (1+λ) o_e [target]``, clamp,
+       ``grad_scale``, dtype cast; NaN on a poisoned sequence's rows, 0 on padding
+       and infeasible sequences. Each element is written by exactly one program
+       (no atomics: deterministic), after the same program (the same lane) read
+       it, so the gradient may overwrite the logits (the in-place mode).
+
+No logits-sized temporary: the log-softmax is never materialized (the
+normalizers are ``(B, T, U+1)``), and the gradient is the only logits-sized
+output (none with ``grad_buffer=logits``).
+
+Accumulation: ``transducer_lattice`` in the arcs' dtype; ``rnnt_loss_forward`` runs
+its logits-sized passes in float32 (float64 for float64 input) and its lattice in
+float64 (see there). Half inputs are cast at load (the interpreter keeps bfloat16
+as raw integers and cannot compute on it).
+"""
+
+# No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
+# parameter for ``tl.constexpr`` only when its annotation is the object itself.
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from ..._core.triton_compat import state_warps as _state_warps  # also: the interpreter fixes
+
+__all__ = ["transducer_alpha_beta", "transducer_lattice"]
+
+NEG_INF = float("-inf")
+NAN = float("nan")
+
+
+# --------------------------------------------------------------------------- helpers
+@triton.jit
+def _occupation(b_a, b_arc, b_beta, b_ll, m):
+    """``exp(alpha + arc + beta(destination) - log p)`` on ``m``, else exactly 0."""
+    b_ll = tl.where(m, b_ll, 0.0)
+    return tl.where(m, tl.exp(tl.where(m, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+
+
+@triton.jit
+def _round_bf16(x):
+    """float32 ``x`` rounded to the nearest bfloat16 (ties to even), still as float32.
+
+    Compiled Triton casts float32 to bfloat16 with round-to-nearest-even, but the
+    interpreter truncates; after this rounding both casts are exact, so the CPU
+    results equal the GPU ones and torch's ``.to(torch.bfloat16)``. (Inf stays inf,
+    NaN stays NaN: the carry never leaves an all-ones exponent.)
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_offset(i_b, i_t, i_u, U_b, off_ptr, m, s_b, s_t, s_u, PACKED: tl.constexpr):
+    """Element offset of row ``(b, t, u)``: padded ``(B, T, U+1, .)`` or packed ``(N, .)``.
+
+    Packed: sequence ``b``'s rows start at ``off[b]`` in ``(t, u)`` row-major order and
+    ``s_b`` is the row stride (``s_t``, ``s_u`` unused).
+    """
+    if PACKED:
+        off = tl.load(off_ptr + i_b, mask=m, other=0)
+        return (off + i_t * (U_b + 1) + i_u) * s_b
+    else:
+        return i_b * s_b + i_t * s_t + i_u * s_u
+
+
+# --------------------------------------------------------------------------- lattice
+@triton.jit
+def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
+                s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d,
+                NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n - u, u)``)."""
+    tl.store(p_a + o_u, tl.zeros([BLOCK_U], ACC), mask=o_u == 0)
+    tl.debug_barrier()
+    # Each state is an online log-sum-exp over its incoming arcs, kept as
+    # exp(m) * (1 + r): m the largest term so far, r >= 0 the others relative to it.
+    # A new term v either adds exp(v - m) to r or becomes the maximum (r rescaled
+    # by exp(m - v)); the result is m + log1p(r). Carrying r rather than 1 + r keeps
+    # the small contributions' digits (the two-term case is exactly
+    # max + log1p(exp(min - max))). -inf is an exact zero: the shift is 0 while
+    # every term is -inf (no -inf - -inf), and m = -inf, r = 0 gives -inf.
+    # log1p(r) = log(1 + r) * r / ((1 + r) - 1) (Goldberg, 1991, Thm. 4): exact to
+    # a few ulps with any correctly rounded log; Triton has no log1p of its own.
+    # Written out rather than as a @triton.jit helper: the interpreter re-patches
+    # the language module on every nested call (milliseconds), which dominated.
+    for n in range(1, T_b + U_b + 1):
+        t = n - o_u
+        m_st = (o_u <= U_b) & (t >= 0) & (t <= T_b)
+        b_m = tl.full([BLOCK_U], float("-inf"), ACC)
+        b_r = tl.zeros([BLOCK_U], ACC)
+        for i in tl.static_range(NB):
+            ts = t - tl.load(bd_ptr + i)
+            m_a = m_st & (ts >= 0)
+            b_v = tl.load(p_a + ts * U1 + o_u, mask=m_a, other=float("-inf")) + tl.load(
+                p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        for j in tl.static_range(NE):
+            ts = t - tl.load(ed_ptr + j)
+            # An emission never lands on the last frame T_b (the utterance ends on a blank).
+            m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
+            b_v = tl.load(p_a + ts * U1 + o_u - 1, mask=m_a, other=float("-inf")) + tl.load(
+                p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        b_u = 1.0 + b_r
+        one = b_u == 1.0
+        b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
+        tl.store(p_a + t * U1 + o_u, b_val, mask=m_st)
+        tl.debug_barrier()
+    b_ll = tl.load(p_a + T_b * U1 + U_b)
+    # No frame, no path (alpha(0, 0) = 0 is the empty path, not a transduction).
+    tl.store(ll_ptr + i_b, tl.where(T_b > 0, b_ll, float("-inf")))
+
+
+@triton.jit
+def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
+               s_ab_t, s_ab_d, s_ae_t, s_ae_d,
+               NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
+    """Backward variables of one sequence, diagonals from ``T_b + U_b`` down to 0."""
+    for k in range(0, T_b + U_b + 1):
+        n = T_b + U_b - k
+        t = n - o_u
+        m_st = (o_u <= U_b) & (t >= 0) & (t <= T_b)
+        m_src = m_st & (t < T_b)  # arcs leave frames t < T_b only
+        b_m = tl.full([BLOCK_U], float("-inf"), ACC)
+        b_r = tl.zeros([BLOCK_U], ACC)
+        for i in tl.static_range(NB):
+            td = t + tl.load(bd_ptr + i)
+            m_a = m_src & (td <= T_b)
+            b_v = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
+                p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        for j in tl.static_range(NE):
+            td = t + tl.load(ed_ptr + j)
+            m_a = m_src & (o_u < U_b) & (td < T_b)
+            b_v = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
+                p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
+            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+            b_m = b_hi
+        b_u = 1.0 + b_r
+        one = b_u == 1.0
+        b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
+        # Last frame: only the final state (T_b, U_b) is an end (beta = 0).
+        b_val = tl.where(t == T_b, tl.where(o_u == U_b, 0.0, float("-inf")), b_val)
+        tl.store(p_b + t * U1 + o_u, b_val, mask=m_st)
+        tl.debug_barrier()
+
+
+@triton.jit
+def transducer_alpha_beta_kernel(
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr,
+    T, U1,
+    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
+    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_U: tl.constexpr,
+):
+    r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
+
+    Anti-diagonal ``n = t + u`` holds the states ``(n - u, u)``, one per lane ``u``::
+
+        alpha(t, u) = logsumexp_i (alpha(t - d_i, u) + arc_blank[t - d_i, u, i])
+                         (+) logsumexp_j (alpha(t - d_j, u - 1) + arc_emit[t - d_j, u - 1, j])
+        beta(t, u)  = logsumexp_i (arc_blank[t, u, i] + beta(t + d_i, u))
+                         (+) logsumexp_j (arc_emit[t, u, j] + beta(t + d_j, u + 1))
+
+    (arc conditions as in ``seqloss.reference.transducer``). Every arc advances
+    ``t + u`` by ``d + (emission)`` >= 1, so a diagonal depends only on earlier
+    diagonals (later ones for beta), possibly several back when durations exceed 1.
+
+    Race-freedom on a GPU: the predecessors of a lane's state live in other lanes
+    (other threads), so each diagonal goes through the program's own scratch in
+    global memory. (1) No other program touches it: one program per (sequence,
+    direction), and alpha and beta have separate scratch. (2) Each state is stored
+    exactly once, on its diagonal, and the loads of diagonal ``n`` address only
+    diagonals stored at earlier iterations, each of which ended with
+    ``tl.debug_barrier()`` (``bar.sync``: the CTA's earlier global stores are
+    visible to all its threads after it). Arcs reaching back several diagonals
+    (durations > 1) read states stored several barriers ago, which are never
+    rewritten. So there is no read-after-write race (the barrier) and no
+    write-after-read one (no slot is reused).
+
+    Updates:
+        alpha (B, T+1, U+1): ``log_alpha`` of the states ``t <= T_b``, ``u <= U_b``.
+        beta (B, T+1, U+1): ``log_beta`` of the same states (programs ``(b, 1)``).
+        ll (B,): ``alpha(T_b, U_b)``, ``-inf`` when ``T_b = 0``.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_b = tl.program_id(0).to(tl.int64)
+    i_dir = tl.program_id(1)
+    T_b = tl.load(il_ptr + i_b)
+    U_b = tl.load(tl_ptr + i_b)
+    o_u = tl.arange(0, BLOCK_U)
+    p_ab = ab_ptr + i_b * s_ab_b + o_u * s_ab_u
+    p_ae = ae_ptr + i_b * s_ae_b + o_u * s_ae_u
+    o_seq = i_b * (T + 1) * U1
+    if i_dir == 0:
+        _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1, o_u,
+                    s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d, NB, NE, ACC, BLOCK_U)
+    else:
+        _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1, o_u,
+                   s_ab_t, s_ab_d, s_ae_t, s_ae_d, NB, NE, ACC, BLOCK_U)
+
+
+@triton.jit
+def transducer_occupation_kernel(
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr, ob_ptr, oe_ptr,
+    B, T, U1,
+    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
+    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Arc occupations of a block of ``BLOCK_R`` states ``r = (b * T + t) * (U+1) + u``.
+
+    ``occ = exp(alpha(t, u) + arc + beta(destination) - log p)`` on the arcs that
+    exist (source ``t < T_b``, ``u <= U_b``; blank lands at ``t + d <= T_b``; emission
+    needs ``u < U_b`` and lands at ``t + d < T_b``) of feasible sequences, else 0.
+
+    Updates:
+        occ_blank (B, T, U+1, NB), occ_emit (B, T, U+1, NE) (contiguous): every entry.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < B * T * U1
+    i_b = i_r // (T * U1)
+    i_t = (i_r // U1) % T
+    i_u = i_r % U1
+    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+    b_ll = tl.load(ll_ptr + i_b, mask=m_r, other=float("-inf"))
+    m_src = m_r & (i_t < T_b) & (i_u <= U_b) & (b_ll != float("-inf"))
+    o_seq = i_b * (T + 1) * U1
+    b_a = tl.load(alpha_ptr + o_seq + i_t * U1 + i_u, mask=m_src, other=float("-inf"))
+    for i in tl.static_range(NB):
+        td = i_t + tl.load(bd_ptr + i)
+        m_a = m_src & (td <= T_b)
+        b_arc = tl.load(ab_ptr + i_b * s_ab_b + i_t * s_ab_t + i_u * s_ab_u + i * s_ab_d,
+                        mask=m_a, other=float("-inf")).to(ACC)
+        b_beta = tl.load(beta_ptr + o_seq + td * U1 + i_u, mask=m_a, other=float("-inf"))
+        tl.store(ob_ptr + i_r * NB + i, _occupation(b_a, b_arc, b_beta, b_ll, m_a), mask=m_r)
+    for j in tl.static_range(NE):
+        td = i_t + tl.load(ed_ptr + j)
+        m_a = m_src & (i_u < U_b) & (td < T_b)
+        b_arc = tl.load(ae_ptr + i_b * s_ae_b + i_t * s_ae_t + i_u * s_ae_u + j * s_ae_d,
+                        mask=m_a, other=float("-inf")).to(ACC)
+        b_beta = tl.load(beta_ptr + o_seq + td * U1 + i_u + 1, mask=m_a, other=float("-inf"))
+        tl.store(oe_ptr + i_r * NE + j, _occupation(b_a, b_arc, b_beta, b_ll, m_a), mask=m_r)
+
+
+# --------------------------------------------------------------------------- launchers
+_DURATIONS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _durations(durations: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The durations as an int64 device tensor, cached (no host-to-device copy per call)."""
+    key = (tuple(int(d) for d in durations), device)
+    t = _DURATIONS.get(key)
+    if t is None:
+        t = torch.tensor(key[0] or (0,), dtype=torch.int64, device=device)
+        _DURATIONS[key] = t
+    return t
+
+
+def _device_guard(x: torch.Tensor):  # noqa: ANN202
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _row_blocks(V: int) -> tuple[int, int]:
+    block_v = min(triton.next_power_of_2(max(V, 1)), 1024)
+    return max(1, min(64, 4096 // block_v)), block_v
+
+
+def transducer_alpha_beta(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    il: torch.Tensor,
+    tlen: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    do_beta: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch ``transducer_alpha_beta_kernel``: ``(ll (B,), alpha, beta)`` (beta: alpha if not ``do_beta``).
+
+    ``il``, ``tlen``: int64 on the arcs' device; ``T >= 1``, ``B >= 1``.
+    """
+    B, T, U1, _ = arc_blank.shape
+    dt = arc_blank.dtype
+    device = arc_blank.device
+    alpha = torch.empty((B, T + 1, U1), dtype=dt, device=device)
+    beta = torch.empty((B, T + 1, U1), dtype=dt, device=device) if do_beta else alpha
+    ll = torch.empty((B,), dtype=dt, device=device)
+    block_u = max(16, triton.next_power_of_2(U1))
+    # A zero-size arc axis has no usable strides; nothing is loaded from it.
+    ae = arc_emit if arc_emit.numel() else arc_blank
+    transducer_alpha_beta_kernel[(B, 2 if do_beta else 1)](
+        arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
+        il, tlen, alpha, beta, ll, T, U1, *arc_blank.stride(), *ae.stride(),
+        NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
+        BLOCK_U=block_u, num_warps=_state_warps(block_u),
+    )
+    return ll, alpha, beta
+
+
+def transducer_lattice(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    compute_occupations: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.reference.transducer.transducer_lattice``."""
+    B, T, U1, _ = arc_blank.shape
+    dt = arc_blank.dtype
+    device = arc_blank.device
+    if B == 0 or T == 0:
+        ll = torch.full((B,), NEG_INF, dtype=dt, device=device)
+        if not compute_occupations:
+            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        return ll, torch.zeros_like(arc_blank), torch.zeros_like(arc_emit)
+    il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
+    with _device_guard(arc_blank):
+        ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen, blank_durations,
+                                                emit_durations, compute_occupations)
+        if not compute_occupations:
+            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        occ_b = torch.empty(arc_blank.shape, dtype=dt, device=device)
+        occ_e = torch.empty(arc_emit.shape, dtype=dt, device=device)
+        ae = arc_emit if arc_emit.numel() else arc_blank
+        block_r = 256
+        transducer_occupation_kernel[(triton.cdiv(B * T * U1, block_r),)](
+            arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
+            il, tlen, alpha, beta, ll, occ_b, occ_e, B, T, U1, *arc_blank.stride(), *ae.stride(),
+            NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
+            BLOCK_R=block_r,
+        )
+    return ll, occ_b, occ_e
+
+
