@@ -95,6 +95,16 @@ def check_reduction(reduction: object, *, transducer: bool = False) -> None:
         raise InputError(f"reduction must be one of {allowed}, got {reduction!r}")
 
 
+def host_side(t: torch.Tensor) -> bool:
+    """Whether ``t``'s values can be read on the host without a device sync (CPU tensors).
+
+    Every "read it on the host when that is free" branch asks this one function, so a
+    test can declare every tensor a device tensor and check that ``validate=False``
+    then reads nothing (``tests/test_no_sync.py``).
+    """
+    return t.device.type == "cpu"
+
+
 def to_host(x: torch.Tensor) -> np.ndarray:
     """An int64 numpy view (CPU) or copy (other devices: a device-to-host sync) of ``x``."""
     return x.detach().cpu().numpy()

@@ -18,6 +18,8 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from . import checks
+
 NAN = float("nan")
 
 
@@ -114,7 +116,7 @@ def poison_nonfinite(
     always runs, so no device-to-host sync happens here.
     """
     frame_max = log_probs.amax(dim=-1)  # time and batch axes remain
-    if log_probs.device.type == "cpu":
+    if checks.host_side(log_probs):
         fm = frame_max.numpy() if frame_max.dtype in (torch.float32, torch.float64) else (
             frame_max.float().numpy())
         if (fm < np.inf).all():
@@ -125,7 +127,7 @@ def poison_nonfinite(
     valid = torch.arange(T, device=frame_max.device)[:, None] < lengths.to(frame_max.device)[None, :]
     frame_bad = ~(frame_max < float("inf")) & valid
     bad = frame_bad.any(dim=0)
-    if log_probs.device.type == "cpu" and not bool(bad.any()):
+    if checks.host_side(log_probs) and not bool(bad.any()):
         return loss, grad
     loss = loss.masked_fill(bad, NAN)
     if grad.numel():

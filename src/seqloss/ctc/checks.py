@@ -15,6 +15,7 @@ from .._core.checks import (
     check_ndim,
     to_host,
 )
+from .._core import checks as _checks
 from .._core.errors import InputError, InputTypeError
 
 
@@ -81,7 +82,7 @@ def ctc_values(
     and ids: on CPU they are views, so the per-call cost stays a few microseconds.
     """
     device = targets.device
-    cpu = device.type == "cpu"
+    cpu = _checks.host_side(targets)
     tl_host = None
     if validate:
         check_lengths(input_lengths, "input_lengths", T, "log_probs.size(0) (T)")
@@ -116,9 +117,13 @@ def ctc_values(
         S = targets.shape[1]
         read = torch.arange(S, device=device)[None, :] < target_lengths[:, None]
         return torch.where(read, targets, torch.zeros_like(targets)).contiguous()
-    # Concatenated targets on a device: the padded width is a value (a sync).
-    S = int(tl_host.max()) if tl_host is not None and tl_host.size else (
-        int(target_lengths.max()) if target_lengths.numel() else 0)
+    # Concatenated targets on a device: the padded width is the longest target when
+    # validation read the lengths, else the bound the shape gives (reading the lengths
+    # would be a device sync, which validate=False promises not to do).
+    if tl_host is not None:
+        S = int(tl_host.max()) if tl_host.size else 0
+    else:
+        S = targets.shape[0]
     lengths = target_lengths.to(device)
     offsets = torch.cumsum(lengths, 0) - lengths
     pos = offsets[:, None] + torch.arange(S, device=device)[None, :]
