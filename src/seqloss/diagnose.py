@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._core import checks as _validate
+from ._core import checks
 from ._core import registry
 from ._core.errors import InputError
 from .ctc.checks import ctc_values
@@ -315,7 +315,7 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     a = bound.arguments
     a["reduction"] = "none"
     x_name = fam.input_name
-    x0 = _validate.check_float_tensor(a[x_name], x_name)
+    x0 = checks.check_float_tensor(a[x_name], x_name)
     x = x0.detach().clone().requires_grad_(True)
     a[x_name] = x
     with torch.enable_grad():
@@ -330,9 +330,9 @@ def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     blank = int(a["blank"])
     fused = bool(a.get("fused_log_softmax", False))
     zero_inf = bool(a.get("zero_infinity", False))
-    tg = _validate.as_targets_tensor(a["targets"], device)
-    il = _validate.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
-    tl = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
+    tg = checks.as_targets_tensor(a["targets"], device)
+    il = checks.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
+    tl = checks.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
     if x.dim() == 3 and x.shape[1] == 1:
         il, tl = il.reshape(-1), tl.reshape(-1)
     if x.dim() == 2:  # unbatched (T, C)
@@ -379,8 +379,8 @@ def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     blank = blank + V if blank < 0 else blank
     fused = bool(a.get("fused_log_softmax", True))
     zero_inf = bool(a.get("zero_infinity", False))
-    tl_ = _validate.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
-    ul_ = _validate.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
+    tl_ = checks.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
+    ul_ = checks.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
     lp = torch.log_softmax(x.double(), dim=-1) if fused else x
     tol = _NORM_TOL[x.dtype]
     seqs = []

@@ -1,8 +1,8 @@
 """Forced alignment: the single best (Viterbi) path of CTC and RNN-T.
 
 Not differentiable: the results are computed under ``torch.no_grad`` and carry
-no graph. The backends (``seqloss.reference.align``,
-``seqloss.kernels.numba_cpu.align``, ``seqloss.kernels.triton_cuda.align``) do
+no graph. The backends (``seqloss.align.reference``,
+``seqloss.align.numba_cpu``, ``seqloss.align.triton_cuda``) do
 the same additions in the same dtype, so they agree bit for bit, ties included.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._core import checks as _validate
+from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.types import IntsLike
@@ -187,18 +187,18 @@ def rnnt_align(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: no autograd (results are detached), deterministic.
     """
-    _validate.check_float_tensor(logits, "logits")
-    _validate.check_ndim(logits, "logits", (4,), "(B, T, U+1, V)")
+    checks.check_float_tensor(logits, "logits")
+    checks.check_ndim(logits, "logits", (4,), "(B, T, U+1, V)")
     B, T, U1, V = logits.shape
     device = logits.device
-    tg = _validate.as_targets_tensor(targets, device)
-    _validate.check_ndim(tg, "targets", (2,), "padded (B, U)")
+    tg = checks.as_targets_tensor(targets, device)
+    checks.check_ndim(tg, "targets", (2,), "padded (B, U)")
     if tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
-    ll = _validate.as_index_tensor(logit_lengths, "logit_lengths", device)
-    tl = _validate.as_index_tensor(target_lengths, "target_lengths", device)
-    ll = _validate.check_batch(ll, "logit_lengths", B)
-    tl = _validate.check_batch(tl, "target_lengths", B)
+    ll = checks.as_index_tensor(logit_lengths, "logit_lengths", device)
+    tl = checks.as_index_tensor(target_lengths, "target_lengths", device)
+    ll = checks.check_batch(ll, "logit_lengths", B)
+    tl = checks.check_batch(tl, "target_lengths", B)
     if isinstance(blank, bool) or not isinstance(blank, int):
         raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
     if V == 0 or U1 == 0:
@@ -210,10 +210,10 @@ def rnnt_align(
     Um = min(S, U1 - 1)
     name = resolve_backend(backend, device)
     if validate:
-        _validate.check_lengths(ll, "logit_lengths", T, "logits.size(1) (T)")
+        checks.check_lengths(ll, "logit_lengths", T, "logits.size(1) (T)")
         upper_what = "targets.size(1)" if S <= U1 - 1 else "logits.size(2) - 1 (U)"
-        tlh = _validate.check_lengths(tl, "target_lengths", Um, upper_what)
-        _validate.check_ids(tg, tlh, "targets", V, blank)
+        tlh = checks.check_lengths(tl, "target_lengths", Um, upper_what)
+        checks.check_ids(tg, tlh, "targets", V, blank)
         zero = (ll.cpu() == 0).nonzero()
         if zero.numel():
             b = int(zero[0, 0])

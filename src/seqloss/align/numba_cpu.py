@@ -1,7 +1,7 @@
 """Viterbi forced alignment (CTC, RNN-T) with Numba on CPU, parallel over the batch.
 
 One GIL-free function per sequence, run on the shared thread pool
-(:func:`._pool.run_jobs`: fork-safe, the same result whatever the thread count).
+(:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the thread count).
 
 Max-plus in log space: one addition per arc and exact comparisons, no ``exp``,
 in the accumulation dtype (float32, or float64 for float64 input), so the
@@ -14,7 +14,7 @@ import numba
 import numpy as np
 import torch
 
-from ._pool import run_jobs
+from .._core.numba_pool import run_jobs
 
 
 @numba.njit(nogil=True, cache=True)
@@ -139,7 +139,7 @@ def ctc_align_forward(
     target_lengths: torch.Tensor,
     blank: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.reference.align.ctc_align_forward`."""
+    """Same contract as :func:`seqloss.align.reference.ctc_align_forward`."""
     T, B, C = log_probs.shape
     acc = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
     labels = torch.full((B, T), blank, dtype=torch.int64)
@@ -161,7 +161,7 @@ def rnnt_align_forward(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.reference.align.rnnt_align_forward`."""
+    """Same contract as :func:`seqloss.align.reference.rnnt_align_forward`."""
     B, T, U1 = blank_lp.shape
     frames = torch.full((B, U1 - 1), -1, dtype=torch.int64)
     scores = torch.full((B,), float("-inf"), dtype=blank_lp.dtype)

@@ -21,6 +21,8 @@ import contextlib
 
 import torch
 import triton
+
+from .._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
 import triton.language as tl
 
 
@@ -203,7 +205,7 @@ def ctc_align_forward(
     target_lengths: torch.Tensor,
     blank: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.reference.align.ctc_align_forward`."""
+    """Same contract as :func:`seqloss.align.reference.ctc_align_forward`."""
     T, B, C = log_probs.shape
     device = log_probs.device
     acc = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
@@ -241,7 +243,7 @@ def rnnt_align_forward(
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.reference.align.rnnt_align_forward`."""
+    """Same contract as :func:`seqloss.align.reference.rnnt_align_forward`."""
     B, T, U1 = blank_lp.shape
     U = U1 - 1
     device = blank_lp.device

@@ -1,4 +1,4 @@
-"""CTC loss and gradient with Triton, same interface and semantics as ``seqloss.reference.ctc``.
+"""CTC loss and gradient with Triton, same interface and semantics as ``seqloss.ctc.reference``.
 
 Launches, in stream order (each phase is its own launch, so no phase ever reads
 what another program of the same launch writes):
@@ -33,6 +33,8 @@ import contextlib
 
 import torch
 import triton
+
+from .._core.triton_compat import state_warps  # also applies the interpreter fixes
 import triton.language as tl
 
 __all__ = ["ctc_loss_forward"]
@@ -400,11 +402,6 @@ def _label_groups(targets: torch.Tensor, target_lengths: torch.Tensor, blank: in
     return perm.to(i32).contiguous(), pos.to(i32).contiguous(), count.to(i32).contiguous(), mult.to(i32)
 
 
-def _state_warps(block_k: int) -> int:
-    # A serial recursion with a barrier per frame: few warps, about 2 states per thread.
-    return max(1, min(8, block_k // 64))
-
-
 def ctc_loss_forward(
     log_probs: torch.Tensor,
     targets: torch.Tensor,
@@ -414,7 +411,7 @@ def ctc_loss_forward(
     fused_log_softmax: bool,
     compute_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sequence CTC loss ``(B,)`` and gradient ``(T, B, C)``; see ``seqloss.reference.ctc``."""
+    """Per-sequence CTC loss ``(B,)`` and gradient ``(T, B, C)``; see ``seqloss.ctc.reference``."""
     T, B, C = log_probs.shape
     device = log_probs.device
     fp64 = log_probs.dtype == torch.float64
@@ -447,7 +444,7 @@ def ctc_loss_forward(
                 FP64=fp64, BLOCK_R=block_r, BLOCK_C=block_c,
             )
         alpha = torch.empty((T if compute_grad else 2, B, K), dtype=acc, device=device)
-        warps = _state_warps(block_k)
+        warps = state_warps(block_k)
         ctc_alpha_kernel[(B,)](
             log_probs, lse, targets, il, tlen, alpha, loss, B, K, *sx, *st, blank,
             FUSED=fused_log_softmax, STORE_ALL=compute_grad, FP64=fp64, BLOCK_K=block_k,

@@ -1,19 +1,17 @@
-r"""Transducer losses in pure PyTorch: the lattice recursion, and RNN-T on top of it.
+r"""The transducer lattice in pure PyTorch: the float64 oracle and the kernel interface.
 
-This module is the reference and, in its docstrings, the **kernel interface** that
-every transducer backend exposes with the same names and signatures
-(``seqloss.kernels.numba_cpu.transducer``, ``seqloss.kernels.triton_cuda.transducer``):
+Every backend of the lattice (``numba_cpu.py``, ``triton_cuda.py`` beside this file)
+exposes the same function with the same signature::
 
-1. ``transducer_lattice(arc_blank, arc_emit, logit_lengths, target_lengths,
-   blank_durations, emit_durations, compute_occupations)
-   -> (log_likelihood, occ_blank, occ_emit)``: the core recursion. It knows
-   nothing of logits, vocabularies or log-softmax; every transducer flavour
-   (RNN-T, multi-blank, TDT, pruned) only builds different arc scores for it
-   (a *prologue*) and maps the arc occupations back to its own gradient (an
-   *epilogue*).
-2. ``rnnt_loss_forward(logits, targets, logit_lengths, target_lengths, blank,
-   clamp, fused_log_softmax, fastemit_lambda, compute_grad, grad_buffer, grad_scale)
-   -> (loss, grad)``: RNN-T = prologue + ``transducer_lattice`` + epilogue.
+    transducer_lattice(arc_blank, arc_emit, logit_lengths, target_lengths,
+                       blank_durations, emit_durations, compute_occupations,
+                       emit_can_end=False) -> (log_likelihood, occ_blank, occ_emit)
+
+It knows nothing of logits, vocabularies or log-softmax: every transducer flavour
+(RNN-T, multi-blank, TDT, pruned) only builds different arc scores for it (the
+joint's *prologue*, ``seqloss.transducer.joint``) and maps the arc occupations back
+to its own gradient (the *epilogue*). ``seqloss.transducer_lattice`` is the public,
+differentiable op on top of it.
 
 The lattice
 -----------
