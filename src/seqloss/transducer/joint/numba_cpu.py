@@ -8,7 +8,7 @@ llvmlite has no vector math library, so a Numba ``exp`` is scalar (~10x slower
 than torch's vectorized one); the passes over the logits are therefore torch ops,
 chunked over frames so that each chunk stays in cache between its passes, and only
 the ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per (sequence,
-direction) or sequence, on the shared thread pool (:func:`._pool.run_jobs`:
+direction) or sequence, on the shared thread pool (:func:`seqloss._core.numba_pool.run_jobs`:
 fork-safe, the same result whatever the thread count).
 
 Memory: the normalizers are computed on the fly in the gradient's own buffer
