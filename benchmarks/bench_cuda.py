@@ -17,9 +17,12 @@ import statistics
 import torch
 
 import seqloss
+from seqloss.bench import ctc as ctc_bench
+from seqloss.bench import rnnt as rnnt_bench
 
-CTC_CASES = [(500, 16, 32, 100), (1000, 8, 1000, 200), (200, 32, 5000, 50)]
-RNNT_CASES = [(4, 200, 50, 256), (8, 150, 40, 1024), (2, 500, 100, 128)]
+# The same case lists as the CPU benchmarks (seqloss.bench: one list per family).
+CTC_CASES = ctc_bench.SIZES["paper"]
+RNNT_CASES = rnnt_bench.SIZES["paper"]
 
 
 def _time(fn, repeat: int) -> tuple[float, float]:

@@ -44,25 +44,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
+from seqloss.bench import rnnt as rnnt_bench  # noqa: E402
+
 THREADS = 2
-CASES = [
-    {"name": "B4-T200-U50-V256", "B": 4, "T": 200, "U": 50, "V": 256, "seed": 0},
-    {"name": "B8-T150-U40-V1024", "B": 8, "T": 150, "U": 40, "V": 1024, "seed": 0},
-    {"name": "B2-T500-U100-V128", "B": 2, "T": 500, "U": 100, "V": 128, "seed": 0},
-]
-
-
-def make_inputs(case: dict) -> dict:
-    B, T, U, V = case["B"], case["T"], case["U"], case["V"]
-    g = torch.Generator().manual_seed(case.get("seed", 0))
-    logits = torch.randn(B, T, U + 1, V, generator=g)
-    targets = torch.randint(1, V, (B, U), generator=g)
-    return {
-        "logits": logits,
-        "targets": targets,
-        "logit_lengths": torch.full((B,), T, dtype=torch.int64),
-        "target_lengths": torch.full((B,), U, dtype=torch.int64),
-    }
+# The one RNN-T case list (seqloss.bench.rnnt, also behind `seqloss bench`).
+CASES = rnnt_bench.cases("paper")
+make_inputs = rnnt_bench.make_inputs
 
 
 # --------------------------------------------------------------------------- implementations

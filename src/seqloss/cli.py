@@ -227,7 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "code as benchmarks/bench_ctc.py (python -m seqloss.bench.ctc).")
     b.add_argument("--loss", choices=list(NAMES), default=None,
                    help="which loss (default: every loss in this build)")
-    b.add_argument("--sizes", choices=["small", "paper"], default="small",
+    from .bench import SIZES
+
+    b.add_argument("--sizes", choices=list(SIZES), default="small",
                    help="case grid: small (seconds) or paper (minutes) (default small)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write results as JSON")
     b.add_argument("--repeats", type=_positive_int, default=5,

@@ -15,7 +15,7 @@ from types import ModuleType
 from .._core.registry import NAMES, family
 
 LOSSES = NAMES  # one benchmark module per registered family
-SIZES = ("small", "paper")
+SIZES = ("tiny", "small", "paper", "long")  # every family defines each of them
 
 
 def module(loss: str) -> ModuleType:

@@ -35,6 +35,9 @@ MEM_CHILD = [sys.executable, "-m", "seqloss.bench.ctc"]
 SIZES = {
     "paper": [(500, 16, 32, 100), (1000, 8, 1000, 200), (200, 32, 5000, 50)],
     "small": [(100, 4, 32, 20), (200, 4, 200, 40), (50, 8, 1000, 10)],
+    "long": [(20000, 1, 30, 2000), (20000, 4, 30, 2000)],
+    # Per-call overhead: a single short utterance, the demo's batch, a small batch.
+    "tiny": [(20, 1, 10, 5), (26, 64, 7, 8), (50, 8, 20, 10)],
 }
 
 PAIRINGS = [
