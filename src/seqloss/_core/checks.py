@@ -200,3 +200,45 @@ def check_float_arg(x: object, name: str, *, low: float | None = None) -> float:
         raise InputError(f"{name} = {x} is invalid: expected a finite value" +
                          (f" >= {low}" if low is not None else ""))
     return x
+
+
+def pad_targets(targets: torch.Tensor, target_lengths: torch.Tensor,
+                tl_host: np.ndarray | None = None) -> torch.Tensor:
+    """Padded ``(B, S)`` or concatenated 1-D targets as padded ``(B, S)`` int64, padding 0.
+
+    Entries past a target length become 0, so no kernel ever reads an unchecked id.
+    ``tl_host``: the lengths already on the host (from validation), if any.
+    """
+    device = targets.device
+    if host_side(targets):
+        tl_host = to_host(target_lengths) if tl_host is None else tl_host
+        tg = to_host(targets)
+        if targets.dim() == 2:
+            read = np.arange(tg.shape[1])[None, :] < tl_host[:, None]
+            return torch.from_numpy(np.where(read, tg, 0))
+        S = int(tl_host.max()) if tl_host.size else 0
+        offsets = np.cumsum(tl_host) - tl_host
+        read = np.arange(S)[None, :] < tl_host[:, None]
+        if tg.size == 0:
+            return torch.zeros((tl_host.shape[0], S), dtype=torch.int64)
+        pos = np.minimum(offsets[:, None] + np.arange(S)[None, :], tg.size - 1)
+        return torch.from_numpy(np.where(read, tg[pos], 0))
+    if targets.dim() == 2:
+        S = targets.shape[1]
+        read = torch.arange(S, device=device)[None, :] < target_lengths[:, None]
+        return torch.where(read, targets, torch.zeros_like(targets)).contiguous()
+    # Concatenated targets on a device: the padded width is the longest target when
+    # validation read the lengths, else the bound the shape gives (reading the lengths
+    # would be a device sync, which validate=False promises not to do).
+    if tl_host is not None:
+        S = int(tl_host.max()) if tl_host.size else 0
+    else:
+        S = targets.shape[0]
+    lengths = target_lengths.to(device)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    pos = offsets[:, None] + torch.arange(S, device=device)[None, :]
+    read = torch.arange(S, device=device)[None, :] < lengths[:, None]
+    if targets.numel() == 0:
+        return torch.zeros((lengths.shape[0], S), dtype=torch.int64, device=device)
+    gathered = targets[pos.clamp(max=targets.numel() - 1)]
+    return torch.where(read, gathered, torch.zeros_like(gathered)).contiguous()

@@ -195,9 +195,9 @@ def rnnt_align(
     checks.check_ndim(tg, "targets", (2,), "padded (B, U)")
     if tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
-    ll = checks.as_index_tensor(logit_lengths, "logit_lengths", device)
+    il = checks.as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = checks.as_index_tensor(target_lengths, "target_lengths", device)
-    ll = checks.check_batch(ll, "logit_lengths", B)
+    il = checks.check_batch(il, "logit_lengths", B)
     tl = checks.check_batch(tl, "target_lengths", B)
     if isinstance(blank, bool) or not isinstance(blank, int):
         raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
@@ -210,11 +210,11 @@ def rnnt_align(
     Um = min(S, U1 - 1)
     name = resolve_backend(backend, device)
     if validate:
-        checks.check_lengths(ll, "logit_lengths", T, "logits.size(1) (T)")
+        checks.check_lengths(il, "logit_lengths", T, "logits.size(1) (T)")
         upper_what = "targets.size(1)" if S <= U1 - 1 else "logits.size(2) - 1 (U)"
         tlh = checks.check_lengths(tl, "target_lengths", Um, upper_what)
         checks.check_ids(tg, tlh, "targets", V, blank)
-        zero = (ll.cpu() == 0).nonzero()
+        zero = (il.cpu() == 0).nonzero()
         if zero.numel():
             b = int(zero[0, 0])
             raise InputError(
@@ -232,11 +232,11 @@ def rnnt_align(
         lse = torch.logsumexp(x.to(acc), dim=-1)
         blank_lp = blank_lp - lse
         emit_lp = emit_lp - lse[:, :, :Um]
-    frames, scores = kernel_module("align", name).rnnt_align_forward(blank_lp, emit_lp, ll, tl)
+    frames, scores = kernel_module("align", name).rnnt_align_forward(blank_lp, emit_lp, il, tl)
 
     if T and B:
         # The read region: t < T_b and u <= U_b (emissions: u < U_b), every class.
-        t_ok = torch.arange(T, device=device)[None, :, None] < ll[:, None, None]
+        t_ok = torch.arange(T, device=device)[None, :, None] < il[:, None, None]
         u_ok = torch.arange(Um + 1, device=device)[None, None, :] <= tl[:, None, None]
         region = t_ok & u_ok
         row_bad = ~(x.amax(dim=-1) < float("inf")) | torch.isnan(blank_lp)

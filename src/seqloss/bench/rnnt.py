@@ -116,13 +116,9 @@ SLOW = {"warprnnt-numba"}
 
 def implementations(with_slow: bool = False) -> dict[str, _common.Factory]:
     """The importable implementations (name -> factory); slow peers only on request."""
-    import seqloss
-
     out = {}
     for name, (factory, modules) in IMPLS.items():
         if name in SLOW and not with_slow:
-            continue
-        if name == "seqloss" and not hasattr(seqloss, "rnnt_loss"):
             continue
         if all(importlib.util.find_spec(m) is not None for m in modules):
             out[name] = factory

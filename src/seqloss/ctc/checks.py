@@ -13,9 +13,8 @@ from .._core.checks import (
     check_ids,
     check_lengths,
     check_ndim,
-    to_host,
+    pad_targets,
 )
-from .._core import checks as _checks
 from .._core.errors import InputError, InputTypeError
 
 
@@ -75,14 +74,11 @@ def ctc_values(
     *,
     validate: bool,
 ) -> torch.Tensor:
-    """Value checks for CTC; returns the targets as padded ``(B, S)`` int64.
+    """Value checks for CTC; returns the targets as padded ``(B, S)`` int64 (``pad_targets``).
 
-    Padding entries (past a target length) are replaced by 0, so no kernel ever
-    reads an unchecked id. The checks run on host (numpy) copies of the lengths
-    and ids: on CPU they are views, so the per-call cost stays a few microseconds.
+    The checks run on host (numpy) copies of the lengths and ids: on CPU they are
+    views, so the per-call cost stays a few microseconds.
     """
-    device = targets.device
-    cpu = _checks.host_side(targets)
     tl_host = None
     if validate:
         check_lengths(input_lengths, "input_lengths", T, "log_probs.size(0) (T)")
@@ -100,35 +96,4 @@ def ctc_values(
                 )
         offsets = None if targets.dim() == 2 else np.cumsum(tl_host) - tl_host
         check_ids(targets, tl_host, "targets", C, blank, offsets=offsets)
-    if cpu:
-        tl_host = to_host(target_lengths) if tl_host is None else tl_host
-        tg = to_host(targets)
-        if targets.dim() == 2:
-            read = np.arange(tg.shape[1])[None, :] < tl_host[:, None]
-            return torch.from_numpy(np.where(read, tg, 0))
-        S = int(tl_host.max()) if tl_host.size else 0
-        offsets = np.cumsum(tl_host) - tl_host
-        read = np.arange(S)[None, :] < tl_host[:, None]
-        if tg.size == 0:
-            return torch.zeros((tl_host.shape[0], S), dtype=torch.int64)
-        pos = np.minimum(offsets[:, None] + np.arange(S)[None, :], tg.size - 1)
-        return torch.from_numpy(np.where(read, tg[pos], 0))
-    if targets.dim() == 2:
-        S = targets.shape[1]
-        read = torch.arange(S, device=device)[None, :] < target_lengths[:, None]
-        return torch.where(read, targets, torch.zeros_like(targets)).contiguous()
-    # Concatenated targets on a device: the padded width is the longest target when
-    # validation read the lengths, else the bound the shape gives (reading the lengths
-    # would be a device sync, which validate=False promises not to do).
-    if tl_host is not None:
-        S = int(tl_host.max()) if tl_host.size else 0
-    else:
-        S = targets.shape[0]
-    lengths = target_lengths.to(device)
-    offsets = torch.cumsum(lengths, 0) - lengths
-    pos = offsets[:, None] + torch.arange(S, device=device)[None, :]
-    read = torch.arange(S, device=device)[None, :] < lengths[:, None]
-    if targets.numel() == 0:
-        return torch.zeros((lengths.shape[0], S), dtype=torch.int64, device=device)
-    gathered = targets[pos.clamp(max=targets.numel() - 1)]
-    return torch.where(read, gathered, torch.zeros_like(gathered)).contiguous()
+    return pad_targets(targets, target_lengths, tl_host)

@@ -334,18 +334,14 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     console.print(f"CTC label error rate on 64 held-out utterances: {_ler(truth, hyp):.1%}")
     _undertrained_hint(console, _ler(truth, hyp), steps)
 
-    rnnt_model = None
-    if hasattr(seqloss, "rnnt_loss"):
-        rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
-        _heading(console, "RNN-T loss (per label) falling")
-        console.print(_loss_table(r_losses, steps))
-        r_hyp = D.rnnt_greedy(rnnt_model, test.x[:16], test.input_lengths[:16])
-        _heading(console, "RNN-T greedy decode against the truth (held-out)")
-        console.print(_decode_table(truth, r_hyp))
-        console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
-        _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
-    else:
-        console.print("seqloss.rnnt_loss is not in this build: skipping the RNN-T model")
+    rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
+    _heading(console, "RNN-T loss (per label) falling")
+    console.print(_loss_table(r_losses, steps))
+    r_hyp = D.rnnt_greedy(rnnt_model, test.x[:16], test.input_lengths[:16])
+    _heading(console, "RNN-T greedy decode against the truth (held-out)")
+    console.print(_decode_table(truth, r_hyp))
+    console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
+    _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
 
     console.rule("seqloss beside torch.nn.functional.ctc_loss")
     compare_with_torch(model, test, backend, console)

@@ -13,9 +13,9 @@ from .._core.checks import (
     check_ids,
     check_lengths,
     check_ndim,
+    pad_targets,
 )
 from .._core.errors import InputError, InputTypeError
-from ..ctc.checks import ctc_values
 
 
 def transducer_inputs(
@@ -114,4 +114,4 @@ def transducer_values(
                 )
         offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
         check_ids(targets, tl, "targets", V, blank, offsets=offsets)
-    return ctc_values(targets, logit_lengths, target_lengths, 2**62, V, 0, validate=False)
+    return pad_targets(targets, target_lengths, tl if validate else None)
