@@ -30,8 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._core import checks
-from ._core import registry
+from ._core import checks, registry
 from ._core.errors import InputError
 from .ctc.checks import ctc_values
 

@@ -21,9 +21,9 @@ import contextlib
 
 import torch
 import triton
+import triton.language as tl
 
 from .._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
-import triton.language as tl
 
 
 @triton.jit

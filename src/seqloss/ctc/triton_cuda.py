@@ -33,9 +33,9 @@ import contextlib
 
 import torch
 import triton
+import triton.language as tl
 
 from .._core.triton_compat import state_warps  # also applies the interpreter fixes
-import triton.language as tl
 
 __all__ = ["ctc_loss_forward"]
 
