@@ -108,6 +108,11 @@ def poison_nonfinite(
 ) -> tuple[Tensor, Tensor]:
     """NaN loss and gradient for sequences whose read frames hold NaN or ``+inf``.
 
+    The policy is one for every loss (API.md, "Values"); this is its implementation
+    for losses whose kernel does not read every class of every frame (CTC's fast path
+    reads only the labels' columns). The transducer joints read every logit in their
+    prologue anyway, so they apply the same rule there, at no extra pass.
+
     The contract is per sequence: any NaN/``+inf`` in a frame before the
     sequence's length, whatever the class, poisons that sequence only; padding
     frames keep exactly zero gradient. ``amax`` propagates NaN, so one reduction

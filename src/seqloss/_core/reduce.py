@@ -1,4 +1,22 @@
-"""Reductions, done outside the kernels on the per-sequence losses (by the ops)."""
+"""The one policy for ``zero_infinity`` and the reductions, for every loss.
+
+Each loss op computes per-sequence losses and (function merging) their gradient, then
+calls :func:`finish`:
+
+- ``zero_infinity``: an impossible alignment's ``+inf`` becomes 0. Its gradient is
+  already exactly 0 (no path, no occupation), so only the loss changes. NaN is never
+  replaced: it means the sequence read a NaN or ``+inf`` input.
+- ``"none"``: the ``(B,)`` losses; ``"sum"``: their sum; the means: a weighted sum
+  with per-sequence (or one) weights. The weights are applied to the gradient here,
+  in place in the op's own fresh tensor (or by the kernel, when it can do it for
+  free), so that ``loss.backward()`` hands the gradient on as it is. An empty batch
+  reduces to 0 for every reduction but ``"none"`` (never NaN: a data-parallel rank
+  with no data still joins the backward).
+
+The weights: CTC's ``"mean"`` is torch's ``1 / (B max(L_b, 1))``; a transducer's
+``"mean"`` is the plain batch mean ``1 / B`` (torchaudio, k2), and
+``"mean_volume"`` NeMo's ``1 / sum_b U_b`` (1 when every ``U_b`` is 0).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +24,7 @@ import torch
 
 
 def ctc_mean_weights(target_lengths: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-    """Per-sequence factors of torch's CTC ``"mean"``: ``1 / (max(L_b, 1) * B)``.
-
-    The op applies them to the losses and, in the forward pass, to the gradient.
-    """
+    """Per-sequence factors of torch's CTC ``"mean"``: ``1 / (max(L_b, 1) * B)``."""
     B = loss.shape[0]
     return 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
 
@@ -19,15 +34,41 @@ def volume_weight(target_lengths: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     return 1.0 / target_lengths.sum().clamp(min=1).to(dtype)
 
 
-def reduce_transducer(loss: torch.Tensor, reduction: str,
-                      target_lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """Transducer reduction: ``"mean"`` is the plain batch mean (torchaudio, k2);
-    ``"mean_volume"`` is ``sum_b loss_b / sum_b U_b``. An empty batch reduces to 0."""
+def mean_grad_scale(reduction: str, batch: int) -> float:
+    """The factor a kernel can fold into the gradient for free: the batch mean's ``1/B``."""
+    return 1.0 / batch if reduction == "mean" and batch > 0 else 1.0
+
+
+def finish(
+    loss: torch.Tensor,
+    grad: torch.Tensor,
+    reduction: str,
+    zero_infinity: bool,
+    *,
+    weights: torch.Tensor | None,
+    batch_dim: int,
+    grad_scaled: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``zero_infinity`` and the reduction of per-sequence ``loss (B,)`` and its ``grad``.
+
+    Args:
+        weights: the mean's per-sequence ``(B,)`` or 0-D weights (``None``: a plain
+            sum, or ``"none"``).
+        batch_dim: the gradient's batch axis (CTC's ``(T, B, C)``: 1; a transducer's: 0;
+            a packed gradient gets only 0-D weights).
+        grad_scaled: the kernel already applied ``weights`` to the gradient.
+    """
+    if zero_infinity:
+        loss = loss.masked_fill(loss == float("inf"), 0.0)
     if reduction == "none":
-        return loss
-    if reduction == "mean" and loss.numel():
-        return loss.mean()
-    if reduction == "mean_volume":
-        assert target_lengths is not None
-        return loss.sum() * volume_weight(target_lengths.to(loss.device), loss.dtype)
-    return loss.sum()
+        return loss, grad
+    if weights is None:
+        return loss.sum(), grad
+    if grad.numel() and not grad_scaled:
+        w = weights.to(torch.float64 if grad.dtype == torch.float64 else grad.dtype)
+        if w.dim():
+            shape = [1] * grad.dim()
+            shape[batch_dim] = w.shape[0]
+            w = w.reshape(shape)
+        grad.mul_(w)
+    return (loss * weights).sum(), grad

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on, poison_nonfinite
-from .._core.reduce import ctc_mean_weights
+from .._core.reduce import ctc_mean_weights, finish
 from .checks import ctc_values
 
 
@@ -47,17 +47,8 @@ def ctc_loss_impl(
     )
     grad = conform_layout(grad, log_probs)
     loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
-    if zero_infinity:
-        # The gradient of an impossible alignment is already exactly zero.
-        loss = loss.masked_fill(loss == float("inf"), 0.0)
-    if reduction == "mean":
-        w = ctc_mean_weights(target_lengths, loss)
-        if grad.numel():
-            grad.mul_(w.to(grad.dtype)[None, :, None] if grad.dtype != torch.float64 else w[None, :, None])
-        return (loss * w).sum(), grad
-    if reduction == "sum":
-        return loss.sum(), grad
-    return loss, grad
+    w = ctc_mean_weights(target_lengths, loss) if reduction == "mean" else None
+    return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=1)
 
 
 ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutates_args=())

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, _is_traced, conform_layout, grad_to_hand_on, scale_grad  # noqa: F401
-from .._core.reduce import reduce_transducer, volume_weight
+from .._core.reduce import finish, mean_grad_scale, volume_weight
 from .checks import transducer_values
 from .joint.table import JointTable, rnnt_table
 
@@ -47,19 +47,21 @@ def joint_loss_impl(
         num_tokens=table.num_tokens,
     )
     B = logit_lengths.shape[0]
-    grad_scale = 1.0 / B if reduction == "mean" and B > 0 else 1.0
+    # The batch mean's 1/B is folded into the kernel's gradient (free there).
     loss, grad = kernel_module("joint", backend).joint_loss_forward(
         logits, padded, logit_lengths, target_lengths, table, fused_log_softmax, compute_grad,
-        grad_buffer, grad_scale,
+        grad_buffer, mean_grad_scale(reduction, B),
     )
     if grad_buffer is None:
         grad = conform_layout(grad, logits)
-    if reduction == "mean_volume" and grad.numel():
-        # 1 / sum_b U_b, applied to our own fresh gradient (no host sync for the divisor).
-        grad.mul_(volume_weight(target_lengths, torch.float64).to(grad.dtype))
-    if zero_infinity:
-        loss = torch.where(loss == float("inf"), torch.zeros_like(loss), loss)
-    return reduce_transducer(loss, reduction, target_lengths), grad
+    if reduction == "mean":
+        w = loss.new_tensor(1.0 / max(B, 1))
+    elif reduction == "mean_volume":
+        w = volume_weight(target_lengths.to(loss.device), loss.dtype)
+    else:
+        w = None
+    return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=0,
+                  grad_scaled=reduction == "mean")
 
 
 def rnnt_loss_impl(
