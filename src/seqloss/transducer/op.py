@@ -113,16 +113,17 @@ table_loss_op = torch.library.custom_op("seqloss::transducer_joint_loss", table_
                                         mutates_args=())
 
 
-@table_loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
-      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+def _transducer_fake(logits: Tensor, logit_lengths: Tensor, reduction: str,
+                     compute_grad: bool) -> tuple[Tensor, Tensor]:
     shape = (logit_lengths.shape[0],) if reduction == "none" else ()
     loss = logits.new_empty(shape, dtype=_acc_dtype(logits.dtype))
     grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
     return loss, grad
 
 
-def _table_setup(ctx, inputs, output):  # noqa: ANN001
+def _transducer_setup(ctx, inputs, output):  # noqa: ANN001
+    # The gradient output gets no incoming gradient: do not let autograd materialize
+    # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
     ctx.set_materialize_grads(False)
     ctx.packed = inputs[0].dim() == 2
     ctx.compute_grad = inputs[-2]
@@ -130,11 +131,14 @@ def _table_setup(ctx, inputs, output):  # noqa: ANN001
     ctx.save_for_backward(output[1], inputs[2], inputs[3])
 
 
-def _table_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
-    return _transducer_backward(ctx, grad_loss, 11)
+@table_loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
+      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+    return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
-table_loss_op.register_autograd(_table_backward, setup_context=_table_setup)
+table_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 11),
+                                setup_context=_transducer_setup)
 
 
 def _transducer_backward(ctx, grad_loss, n_nones: int):  # noqa: ANN001
@@ -183,27 +187,11 @@ def rnnt_loss_op(
 @rnnt_loss_op.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
       fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
-    shape = (logit_lengths.shape[0],) if reduction == "none" else ()
-    loss = logits.new_empty(shape, dtype=_acc_dtype(logits.dtype))
-    grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
-    return loss, grad
+    return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
-def _rnnt_setup(ctx, inputs, output):  # noqa: ANN001
-    # The gradient output gets no incoming gradient: do not let autograd materialize
-    # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
-    ctx.set_materialize_grads(False)
-    ctx.packed = inputs[0].dim() == 2
-    ctx.compute_grad = inputs[-2]
-    ctx.validate = inputs[-1]
-    ctx.save_for_backward(output[1], inputs[2], inputs[3])
-
-
-def _rnnt_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
-    return _transducer_backward(ctx, grad_loss, 12)
-
-
-rnnt_loss_op.register_autograd(_rnnt_backward, setup_context=_rnnt_setup)
+rnnt_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 12),
+                               setup_context=_transducer_setup)
 
 
 # A mutation of the caller's logits cannot be traced: under torch.compile this is a
