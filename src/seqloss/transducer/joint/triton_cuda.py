@@ -1,44 +1,49 @@
-r"""Transducer lattice and RNN-T loss with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
+r"""The table-driven joint with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
 
-Implements the kernel interface documented in ``seqloss.reference.transducer``
-(``transducer_lattice`` and ``rnnt_loss_forward``, same signatures and semantics).
+Implements ``joint_loss_forward`` of ``seqloss.transducer.joint.reference`` (same
+signature and semantics) for any ``JointTable`` (``table.py``): RNN-T, multi-blank,
+TDT, with ``sigma``, ``clamp``, FastEmit and ``emit_can_end``. One normalizer kernel
+and one gradient kernel read the table, passed as a small int64 tensor (each blank
+arc's token class and duration logit, each emission's duration logit; ``-1``: no
+duration term) beside the lattice's duration tensors, with the arc counts ``NB``,
+``NE`` and the presence of a duration block as ``tl.constexpr``: RNN-T's table (one
+blank arc, one emission arc, no duration block) compiles to the same work as a
+dedicated RNN-T kernel.
 
-Launches, in stream order (each phase is its own launch, so no program ever
-reads what another program of the same launch writes):
+Launches, in stream order. Each phase is its own launch and no program reads what
+another program of the same launch writes, so no race exists by construction (the
+interpreter, which runs programs one after another, could not reveal one):
 
-``transducer_lattice``
-    1. ``transducer_alpha_beta_kernel``, grid ``(B, 2)``: program ``(b, 0)`` runs the
-       forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
-       concurrently (they share nothing); each walks the anti-diagonals
-       ``n = t + u`` with the diagonal's states in the lanes and stores them to its
-       own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
-    2. ``transducer_occupation_kernel``: one program per block of states
-       ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``.
+1. ``joint_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of the
+   joint. It reads only its own rows of the logits and writes only its own rows of
+   the arc grids, the normalizers and the NaN flags: the token block's online
+   log-sum-exp, kept as the split ``(m, log s)`` (fused only), the duration block's
+   log-softmax (float64, small), each arc's score, and a per-row NaN/``+inf`` flag
+   over every class.
+2. ``transducer_alpha_beta_kernel`` (``..lattice.triton_cuda``), grid ``(B, 2)``, in
+   float64 on the arc grids of launch 1; its race-freedom is argued there.
+3. ``joint_grad_kernel``: one program per block of rows; it reads alpha, beta,
+   ``log p`` and the arc grids (written by launches 1 and 2, never by this one) and
+   the logits of its own rows, and writes the gradient of its own rows only. Within a
+   program, each gradient element of the token block is a function of that element's
+   logit, loaded by the same lane just before the store (the row's normalizer comes
+   from launch 1); the duration block, whose softmax reduces along the row, is loaded
+   whole, then a barrier, then stored. So no logit is read after its gradient was
+   written, and the gradient may overwrite the logits (``grad_buffer=logits``, the
+   in-place mode). Nothing is accumulated across programs (no atomics): the result
+   is deterministic.
 
-``rnnt_loss_forward`` (prologue, core, epilogue)
-    1. ``rnnt_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of
-       the joint; one read of the logits: online log-sum-exp over blocks of ``V``
-       (fused only), the blank and target scores gathered into the arc grids
-       (as log-probabilities), and a per-row NaN/``+inf`` flag.
-    2. ``transducer_alpha_beta_kernel`` as above, with RNN-T's arcs.
-    3. ``rnnt_grad_kernel``: one program per block of rows, one more read of the
-       logits and one write of the gradient: the two arc occupations of the row
-       (from alpha, beta, the arcs and ``log p``), then
-       ``softmax * (o_b + (1+λ) o_e) - o_b [blank] - (1+λ) o_e [target]``, clamp,
-       ``grad_scale``, dtype cast; NaN on a poisoned sequence's rows, 0 on padding
-       and infeasible sequences. Each element is written by exactly one program
-       (no atomics: deterministic), after the same program (the same lane) read
-       it, so the gradient may overwrite the logits (the in-place mode).
+No logits-sized temporary: the log-softmax is never materialized (the normalizers
+are ``(B, T, U+1)``), and the gradient is the only logits-sized output (none with
+``grad_buffer=logits``).
 
-No logits-sized temporary: the log-softmax is never materialized (the
-normalizers are ``(B, T, U+1)``), and the gradient is the only logits-sized
-output (none with ``grad_buffer=logits``).
-
-Accumulation: ``transducer_lattice`` in the arcs' dtype; ``rnnt_loss_forward`` runs
-its logits-sized passes in float32 (float64 for float64 input) and its lattice in
-float64 (see there). Half inputs are cast at load (the interpreter keeps bfloat16
-as raw integers and cannot compute on it).
+Accumulation: the logits-sized passes over the token block in float32 (float64 for
+float64 input); the arc scores, the lattice and the duration block (``D`` logits a
+row) in float64. Half inputs are cast at load (the interpreter keeps bfloat16 as raw
+integers and cannot compute on it); a bfloat16 gradient is rounded to nearest even
+by hand (``_round_bf16``: the interpreter's cast truncates).
 """
+
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
 # parameter for ``tl.constexpr`` only when its annotation is the object itself.
 import torch
@@ -48,43 +53,83 @@ import triton.language as tl
 from ..._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
 from ..lattice.triton_cuda import (
     _device_guard,
-    _occupation,
+    _durations,
     _round_bf16,
     _row_offset,
     transducer_alpha_beta,
 )
+from .table import JointTable
 
 NAN = float("nan")
 
 
-# --------------------------------------------------------------------------- RNN-T
+# --------------------------------------------------------------------------- helpers
 @triton.jit
-def rnnt_normalizer_kernel(
-    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, nz_ptr, bad_ptr,
-    B, T, U1, V,
-    sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
-    blank,
-    PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
-    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-):
-    """The RNN-T prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+def _dur_log_softmax(b_x, FUSED: tl.constexpr):
+    """Log-probabilities of a ``[BLOCK_R, BLOCK_D]`` duration block (masked lanes ``-inf``).
 
-    One read of the rows that sequence ``b`` reads (``t < T_b``, ``u <= U_b``):
-    the normalizer ``log_z = m + log(s)``, ``m = max_v x[v]``, ``s = sum_v exp(x[v] - m)``,
-    online over blocks of ``BLOCK_V`` classes (fused only), the arc scores
-    ``(x[blank] - m) - log(s)`` and ``(x[y_{u+1}] - m) - log(s)`` (``u < U_b``; not
-    fused: ``x[blank]``, ``x[y_{u+1}]``), and whether the row holds a NaN or ``+inf``.
-    ``m`` and ``log(s)`` are kept apart, never summed, and the arc scores are formed
-    in the lattice's dtype (float64): with logits of ``1e4`` a float32 ``m + log(s)``
-    would round away the last digits of every log-probability. A poisoned
-    row's values are replaced by ``-inf`` (its sequence's results are NaN anyway),
-    so nothing downstream computes on them. A row of ``-inf`` logits (``s = 0``) has
-    no arc out of it.
+    Fused: guarded log-softmax along the row, ``(x - m) - log(s)``; a row of ``-inf``
+    gives ``-inf`` (no arc), never NaN. Not fused: the block itself.
+    """
+    if FUSED:
+        b_m = tl.max(b_x, axis=1)
+        none = b_m == float("-inf")
+        b_sh = tl.where(none, 0.0, b_m)
+        b_x = b_x - b_sh[:, None]
+        b_s = tl.sum(tl.exp(b_x), axis=1)
+        b_ls = tl.log(tl.where(none, 1.0, b_s))
+        b_x = tl.where(none[:, None], float("-inf"), b_x - b_ls[:, None])
+    return b_x
+
+
+@triton.jit
+def _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a, b_ll, m_occ,
+                      i: tl.constexpr, NB: tl.constexpr):
+    """Occupation of blank arc ``i`` of each row, ``(t, u) -> (t + d_i, u)`` (float64).
+
+    ``b_ll`` is 0 off ``m_occ`` (no ``-inf - -inf``).
+    """
+    d = tl.load(bd_ptr + i)
+    m_a = m_occ & (i_t + d <= T_b)
+    b_arc = tl.load(ab_ptr + i_r * NB + i, mask=m_a, other=float("-inf"))
+    b_beta = tl.load(beta_ptr + o_st + d * U1, mask=m_a, other=float("-inf"))
+    return tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+
+
+# --------------------------------------------------------------------------- kernels
+@triton.jit
+def joint_normalizer_kernel(
+    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, tab_ptr, par_ptr, ab_ptr, ae_ptr, nz_ptr, bad_ptr,
+    B, T, U1, V, D,
+    sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
+    NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr,
+    PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    r"""The prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+
+    One read of the rows that sequence ``b`` reads (``t < T_b``, ``u <= U_b``). Token
+    block (classes ``[0, V)``): ``log_z = m + log(s)``, ``m = max_v x[v]``,
+    ``s = sum_v exp(x[v] - m)``, online over blocks of ``BLOCK_V`` classes (fused
+    only), so that ``lp_tok[c] = (x[c] - m) - log(s)`` (not fused: ``x[c]``). Duration
+    block (classes ``[V, V + D)``, ``HAS_DUR``): ``lp_dur``, its log-softmax (fused)
+    or itself. Then the arc scores (``table.py``)::
+
+        arc_blank[r, i] = lp_tok[tok_i] + lp_dur[dl_i]                   (every read row)
+        arc_emit[r, j]  = lp_tok[y_{u+1}] - sigma + lp_dur[dl'_j]          (u < U_b)
+
+    (no ``lp_dur`` term where the index is ``-1``). ``m`` and ``log(s)`` are kept
+    apart, never summed, and the scores are formed in the lattice's dtype (float64):
+    with logits of ``1e4`` a float32 ``m + log(s)`` would round away the last digits
+    of every log-probability. A row holding a NaN or ``+inf`` (any class) is flagged
+    and its scores are ``-inf`` (its sequence's results are NaN anyway), so nothing
+    downstream computes on them. A row of ``-inf`` token logits (``s = 0``) has no arc
+    out of it.
 
     Updates:
-        arc_blank (B, T, U+1): read rows.
+        arc_blank (B, T, U+1, NB): read rows.
         norm (B, T, U+1, 2): ``(m, log s)`` of read rows (``m = 0`` for a row of ``-inf``).
-        arc_emit (B, T, U+1): read rows with ``u < U_b``.
+        arc_emit (B, T, U+1, NE): read rows with ``u < U_b``.
         bad (B, T, U+1) int8: every row (0 off the read region).
     """
     ACC = tl.float64 if FP64 else tl.float32
@@ -116,11 +161,19 @@ def rnnt_normalizer_kernel(
             shift = tl.where(b_new == float("-inf"), 0.0, b_new)
             b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
             b_m = b_new
+    o_d = tl.arange(0, BLOCK_D)
+    b_lpd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
+    if HAS_DUR:
+        m_xd = m_row[:, None] & (o_d < D)[None, :]
+        b_xd = tl.load(p_x[:, None] + (V + o_d)[None, :] * sx_v, mask=m_xd,
+                       other=float("-inf")).to(LAT)
+        is_bad_d = (b_xd != b_xd) | (b_xd == float("inf"))
+        b_bad = tl.maximum(b_bad, tl.max(is_bad_d.to(tl.int32), axis=1))
+        b_lpd = _dur_log_softmax(tl.where(is_bad_d, float("-inf"), b_xd), FUSED)
     m_bad = b_bad > 0
 
     m_e = m_row & (i_u < U_b)
     b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=0)
-    b_xb = tl.load(p_x + blank * sx_v, mask=m_row, other=float("-inf")).to(LAT)
     b_xe = tl.load(p_x + b_y * sx_v, mask=m_e, other=float("-inf")).to(LAT)
     if FUSED:
         none = b_m == float("-inf")
@@ -129,54 +182,81 @@ def rnnt_normalizer_kernel(
         b_ls = tl.where(m_bad, 0.0, b_ls)
         b_ml = b_m.to(LAT)
         b_lsl = tl.where(none, 0.0, b_ls).to(LAT)
-        b_xb = tl.where(none, float("-inf"), (b_xb - b_ml) - b_lsl)
         b_xe = tl.where(none, float("-inf"), (b_xe - b_ml) - b_lsl)
         tl.store(nz_ptr + 2 * i_r, b_m, mask=m_row)
         tl.store(nz_ptr + 2 * i_r + 1, b_ls, mask=m_row)
-    b_xb = tl.where(m_bad, float("-inf"), b_xb)
-    b_xe = tl.where(m_bad, float("-inf"), b_xe)
-    tl.store(ab_ptr + i_r, b_xb, mask=m_row)
-    tl.store(ae_ptr + i_r, b_xe, mask=m_e)
+    # sigma in float64 from the parameter tensor (a Python float argument is float32).
+    b_xe = tl.where(m_bad, float("-inf"), b_xe - tl.load(par_ptr + 3))
+    for i in tl.static_range(NB):
+        b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
+        if FUSED:
+            b_v = tl.where(none, float("-inf"), (b_v - b_ml) - b_lsl)
+        if HAS_DUR:
+            # lp_dur[dl] picked out of the row's block (dl = -1 picks nothing: + 0).
+            dl = tl.load(tab_ptr + NB + i)
+            b_v = b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1)
+        b_v = tl.where(m_bad, float("-inf"), b_v)
+        tl.store(ab_ptr + i_r * NB + i, b_v, mask=m_row)
+    for j in tl.static_range(NE):
+        b_v = b_xe
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + 2 * NB + j)
+            b_v = tl.where(m_bad, float("-inf"),
+                           b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1))
+        tl.store(ae_ptr + i_r * NE + j, b_v, mask=m_e)
     tl.store(bad_ptr + i_r, b_bad.to(tl.int8), mask=m_r)
 
 
 @triton.jit
-def rnnt_grad_kernel(
-    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, ab_ptr, ae_ptr, nz_ptr,
-    alpha_ptr, beta_ptr, ll_ptr, bad_ptr, par_ptr,
-    B, T, U1, V,
+def joint_grad_kernel(
+    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, tab_ptr, bd_ptr, ed_ptr, par_ptr,
+    ab_ptr, ae_ptr, nz_ptr, alpha_ptr, beta_ptr, ll_ptr, bad_ptr,
+    B, T, U1, V, D,
     sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v, s_tg_b, s_tg_u,
-    blank,
+    NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
-    BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """The RNN-T epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+    r"""The epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
 
-    The row's arc occupations (blank ``(t, u) -> (t+1, u)``, emission
-    ``(t, u) -> (t, u+1)``)::
+    The row's arc occupations (float64, from alpha, beta, the arcs and ``log p``)::
 
-        o_b = exp(alpha(t, u) + arc_blank[t, u] + beta(t+1, u) - log p)
-        o_e = (1 + λ) exp(alpha(t, u) + arc_emit[t, u] + beta(t, u+1) - log p)   (u < U_b)
+        o_i = exp(alpha(t, u) + arc_blank[t, u, i] + beta(t + d_i, u) - log p)
+                                                            (t + d_i <= T_b)
+        e_j = (1 + λ) exp(alpha(t, u) + arc_emit[t, u, j] + beta(t + d'_j, u + 1) - log p)
+                                  (u < U_b; t + d'_j < T_b, or <= T_b with EMIT_CAN_END)
 
-    then, over blocks of ``BLOCK_V`` classes, the gradient (fused: with respect to
-    the logits; else to the log-probabilities)::
+    and ``total = sum_i o_i + sum_j e_j`` (every arc leaving the row), then per block
+    (fused: the gradient with respect to the logits; else to the log-probabilities)::
 
-        g[v] = softmax(x)[v] (o_b + o_e) - o_b [v = blank] - o_e [v = y_{u+1}]   (fused)
-        g[v] =                          - o_b [v = blank] - o_e [v = y_{u+1}]   (not fused)
+        g[v]     = softmax_tok[v] total - sum_i o_i [v = tok_i] - sum_j e_j [v = y_{u+1}]   (v < V)
+        g[V + k] = softmax_dur[k] total - sum_i o_i [k = dl_i]  - sum_j e_j [k = dl'_j]     (k < D)
 
-    clamped to ``[-clamp, clamp]`` (``HAS_CLAMP``), times ``grad_scale``, rounded once
-    to the gradient's dtype. Rows of a sequence with a NaN/``+inf`` logit: NaN; rows
-    of an infeasible sequence and padding rows: 0. Each element is loaded and
-    stored by the same lane of this program only, so ``g`` may alias ``x``.
+    (no softmax term when not fused), clamped to ``[-clamp, clamp]`` (``HAS_CLAMP``),
+    times ``grad_scale``, rounded once to the gradient's dtype. Rows of a sequence with
+    a NaN/``+inf`` logit: NaN; rows of an infeasible sequence and padding rows: 0.
+
+    The token block runs over blocks of ``BLOCK_V`` classes in the accumulation dtype.
+    A kernel cannot keep a table-sized list of blocks, so the occupations of blank arcs
+    after the first are recomputed in each block (a few loads and one exp a row,
+    against ``BLOCK_V`` exps); the first arc's (RNN-T's only one) is kept, so RNN-T
+    does exactly the work of a dedicated kernel.
+    The duration block (``D`` classes) is one ``[BLOCK_R, BLOCK_D]`` block in float64.
+    Only this program touches its rows; a token element is loaded and stored by the
+    same lane, the duration block is loaded whole before a barrier and stored after
+    it, so ``g`` may alias ``x``.
 
     Updates:
         grad: padded: every row of the tensor; packed: every row of the grid's sequences.
     """
     ACC = tl.float64 if FP64 else tl.float32
-    # Scalars in the accumulation dtype (a Python float argument would be float32).
-    clamp = tl.load(par_ptr)
+    LAT = ab_ptr.dtype.element_ty  # float64
+    # Scalars from a float64 tensor (a Python float argument would be float32).
+    clamp_l = tl.load(par_ptr)
     emit_scale = tl.load(par_ptr + 1)
-    grad_scale = tl.load(par_ptr + 2)
+    scale_l = tl.load(par_ptr + 2)
+    clamp = clamp_l.to(ACC)
+    grad_scale = scale_l.to(ACC)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < B * T * U1
     i_b = i_r // (T * U1)
@@ -192,23 +272,48 @@ def rnnt_grad_kernel(
     # no int1 type for ``~`` on a boolean block.
     m_occ = m_row & (b_bad == 0) & (b_ll != float("-inf"))
     m_e = m_occ & (i_u < U_b)
+    b_ll = tl.where(m_occ, b_ll, 0.0)
 
     o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
     b_a = tl.load(alpha_ptr + o_st, mask=m_occ, other=float("-inf"))
-    b_ob = _occupation(b_a, tl.load(ab_ptr + i_r, mask=m_occ, other=float("-inf")),
-                       tl.load(beta_ptr + o_st + U1, mask=m_occ, other=float("-inf")), b_ll, m_occ)
-    b_oe = _occupation(b_a, tl.load(ae_ptr + i_r, mask=m_e, other=float("-inf")),
-                       tl.load(beta_ptr + o_st + 1, mask=m_e, other=float("-inf")), b_ll, m_e)
-    # Occupations are formed in the lattice's dtype, then rounded once.
-    b_ob = b_ob.to(ACC)
-    b_oe = b_oe.to(ACC) * emit_scale
+    o_d = tl.arange(0, BLOCK_D)
+    # Occupations landing on each duration logit (float64), and the totals.
+    b_dsub = tl.zeros([BLOCK_R, BLOCK_D], LAT)
+    b_tot = tl.zeros([BLOCK_R], LAT)
+    b_o0 = tl.zeros([BLOCK_R], LAT)
+    for i in tl.static_range(NB):
+        b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a, b_ll,
+                                m_occ, i, NB)
+        if i == 0:
+            b_o0 = b_o  # kept for the token loop (RNN-T's only blank arc: no recomputation)
+        b_tot = b_tot + b_o
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + NB + i)
+            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
+    b_oe = tl.zeros([BLOCK_R], LAT)
+    for j in tl.static_range(NE):
+        d = tl.load(ed_ptr + j)
+        if EMIT_CAN_END:
+            m_a = m_e & (i_t + d <= T_b)
+        else:
+            m_a = m_e & (i_t + d < T_b)
+        b_arc = tl.load(ae_ptr + i_r * NE + j, mask=m_a, other=float("-inf"))
+        b_beta = tl.load(beta_ptr + o_st + d * U1 + 1, mask=m_a, other=float("-inf"))
+        b_o = tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+        b_o = b_o * emit_scale  # FastEmit: (1 + λ) on every emission's occupation
+        b_oe = b_oe + b_o
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + 2 * NB + j)
+            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
+    b_tot = b_tot + b_oe
+    b_oe_acc = b_oe.to(ACC)
     b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=-1)
     if FUSED:
         b_nm = tl.load(nz_ptr + 2 * i_r, mask=m_occ, other=0.0)
         b_ls = tl.load(nz_ptr + 2 * i_r + 1, mask=m_occ, other=0.0)
         m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
         b_ls = tl.where(m_lz, b_ls, 0.0)
-        b_w = b_ob + b_oe
+        b_w = b_tot.to(ACC)
     p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_occ, sx_b, sx_t, sx_u, PACKED)
     p_g = g_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sg_b, sg_t, sg_u, PACKED)
     # Padded: every row of the tensor is written (zeros on padding). Packed: the
@@ -228,8 +333,14 @@ def rnnt_grad_kernel(
             b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
         else:
             b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
-        b_g = b_g - tl.where(o_v[None, :] == blank, b_ob[:, None], 0.0)
-        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe[:, None], 0.0)
+        for i in tl.static_range(NB):
+            if i == 0:
+                b_o = b_o0
+            else:
+                b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a,
+                                        b_ll, m_occ, i, NB)
+            b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i), b_o.to(ACC)[:, None], 0.0)
+        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
         if HAS_CLAMP:
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
         b_g = b_g * grad_scale
@@ -237,6 +348,48 @@ def rnnt_grad_kernel(
         if BF16_OUT:
             b_g = _round_bf16(b_g)
         tl.store(p_g[:, None] + o_v[None, :] * sg_v, b_g, mask=m_st[:, None] & m_v)
+    if HAS_DUR:
+        m_d = (o_d < D)[None, :]
+        if FUSED:
+            b_xd = tl.load(p_x[:, None] + (V + o_d)[None, :] * sx_v, mask=m_occ[:, None] & m_d,
+                           other=float("-inf")).to(LAT)
+            # The same function of the same logits as in the normalizer: the same bits.
+            b_gd = tl.exp(_dur_log_softmax(b_xd, FUSED)) * b_tot[:, None]
+            # In place, every thread's load of this block comes before any thread's store
+            # of it, whatever the layout (a small block may be replicated across warps).
+            tl.debug_barrier()
+        else:
+            b_gd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
+        b_gd = b_gd - b_dsub
+        if HAS_CLAMP:
+            b_gd = tl.minimum(tl.maximum(b_gd, -clamp_l), clamp_l)
+        b_gd = b_gd * scale_l
+        b_gd = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_gd, 0.0))
+        # float64 -> ACC once; bfloat16 then rounds that float32 (as its token block).
+        b_gd = b_gd.to(ACC)
+        if BF16_OUT:
+            b_gd = _round_bf16(b_gd)
+        tl.store(p_g[:, None] + (V + o_d)[None, :] * sg_v, b_gd, mask=m_st[:, None] & m_d)
+
+
+# --------------------------------------------------------------------------- launcher
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _table_tensor(table: JointTable, device: torch.device) -> torch.Tensor:
+    """``[tok_0..tok_{NB-1}, dl_0..dl_{NB-1}, dl'_0..dl'_{NE-1}]`` int64 on ``device``, cached.
+
+    ``-1``: no duration term. Cached per (arcs, device): no host-to-device copy per call.
+    """
+    dl = lambda a: -1 if a.duration_logit is None else int(a.duration_logit)  # noqa: E731
+    vals = (tuple(int(a.token) for a in table.blank_arcs)
+            + tuple(dl(a) for a in table.blank_arcs) + tuple(dl(a) for a in table.emit_arcs))
+    key = (vals, device)
+    t = _TABLES.get(key)
+    if t is None:
+        t = torch.tensor(vals, dtype=torch.int64, device=device)
+        _TABLES[key] = t
+    return t
 
 
 def _row_blocks(V: int) -> tuple[int, int]:
@@ -244,25 +397,27 @@ def _row_blocks(V: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_v)), block_v
 
 
-def rnnt_loss_forward(
+def joint_loss_forward(
     logits: torch.Tensor,
     targets: torch.Tensor,
     logit_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
-    blank: int,
-    clamp: float,
+    table: JointTable,
     fused_log_softmax: bool,
-    fastemit_lambda: float,
     compute_grad: bool,
     grad_buffer: torch.Tensor | None = None,
     grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """See ``seqloss.reference.transducer.rnnt_loss_forward``."""
+    """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
     device = logits.device
     fp64 = logits.dtype == torch.float64
     acc = torch.float64 if fp64 else torch.float32
     packed = logits.dim() == 2
-    V = logits.shape[-1]
+    V, D = table.num_tokens, table.num_durations
+    NB, NE = len(table.blank_arcs), len(table.emit_arcs)
+    if logits.shape[-1] != V + D:
+        raise ValueError(f"logits.size(-1) = {logits.shape[-1]} must equal the table's "
+                         f"V + D = {V} + {D}")
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     B = il.shape[0]
@@ -297,58 +452,47 @@ def rnnt_loss_forward(
     if tg.shape[1] == 0:
         tg = torch.zeros((B, 1), dtype=torch.int64, device=device)  # never read
     block_r, block_v = _row_blocks(V)
+    block_d = max(2, triton.next_power_of_2(max(D, 1)))
     grid = (triton.cdiv(B * T * U1, block_r),)
+    tab = _table_tensor(table, device)
+    bd = _durations(table.blank_durations, device)
+    ed = _durations(table.emit_durations, device)
+    scale = 1.0 + table.fastemit_lambda
+    # Device-side fills (no host-to-device copy, no sync): clamp, (1 + λ), grad_scale, sigma.
+    par = torch.full((4,), float(table.clamp), dtype=lat, device=device)
+    par[1] = scale
+    par[2] = float(grad_scale)
+    par[3] = float(table.sigma)
+    consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
+                  BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
     with _device_guard(logits):
-        arc_blank = torch.empty((B, T, U1), dtype=lat, device=device)
-        arc_emit = torch.empty((B, T, U1), dtype=lat, device=device)
-        norm = torch.empty((B, T, U1, 2), dtype=acc, device=device) if fused_log_softmax else arc_blank
+        arc_blank = torch.empty((B, T, U1, NB), dtype=lat, device=device)
+        arc_emit = torch.empty((B, T, U1, NE), dtype=lat, device=device)
+        norm = arc_blank  # unused when not fused
+        if fused_log_softmax:
+            norm = torch.empty((B, T, U1, 2), dtype=acc, device=device)
         row_bad = torch.empty((B, T, U1), dtype=torch.int8, device=device)
-        rnnt_normalizer_kernel[grid](
-            logits, tg, il, tlen, off, arc_blank, arc_emit, norm, row_bad,
-            B, T, U1, V, *sx, *tg.stride(), blank,
-            PACKED=packed, FUSED=fused_log_softmax, FP64=fp64, BLOCK_R=block_r, BLOCK_V=block_v,
+        joint_normalizer_kernel[grid](
+            logits, tg, il, tlen, off, tab, par, arc_blank, arc_emit, norm, row_bad,
+            B, T, U1, V, D, *sx, *tg.stride(), **consts,
         )
-        ll, alpha, beta = transducer_alpha_beta(arc_blank[..., None], arc_emit[..., None], il, tlen,
-                                                (1,), (0,), compute_grad)
+        ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
+                                                table.blank_durations, table.emit_durations,
+                                                compute_grad, table.emit_can_end)
         bad = row_bad.view(B, -1).amax(1) > 0
-        scale = 1.0 + fastemit_lambda
         loss = torch.where(bad, NAN, -ll * scale).to(acc)
         if grad is None:
             return loss, logits.new_empty(0)
 
         sg = (grad.stride(0), 0, 0, grad.stride(1)) if packed else grad.stride()
-        # Device-side fills (no host-to-device copy, no sync).
-        par = torch.full((3,), float(clamp), dtype=acc, device=device)
-        par[1] = scale
-        par[2] = float(grad_scale)
-        rnnt_grad_kernel[grid](
-            logits, grad, tg, il, tlen, off, arc_blank, arc_emit, norm, alpha, beta, ll,
-            bad.to(torch.int8), par, B, T, U1, V, *sx, *sg, *tg.stride(), blank,
-            PACKED=packed, FUSED=fused_log_softmax, HAS_CLAMP=clamp > 0, FP64=fp64,
-            BF16_OUT=grad.dtype == torch.bfloat16, BLOCK_R=block_r, BLOCK_V=block_v,
+        joint_grad_kernel[grid](
+            logits, grad, tg, il, tlen, off, tab, bd, ed, par, arc_blank, arc_emit, norm,
+            alpha, beta, ll, bad.to(torch.int8), B, T, U1, V, D, *sx, *sg, *tg.stride(),
+            EMIT_CAN_END=bool(table.emit_can_end), HAS_CLAMP=table.clamp > 0,
+            BF16_OUT=grad.dtype == torch.bfloat16, **consts,
         )
     if grad_buffer is not None:
         # The kernel wrote through a raw pointer: tell autograd that the buffer (maybe
         # the logits themselves) changed, so a node that saved it refuses to backward.
         torch.autograd.graph.increment_version(grad_buffer)
     return loss, grad
-
-
-def joint_loss_forward(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-    table,
-    fused_log_softmax: bool,
-    compute_grad: bool,
-    grad_buffer: torch.Tensor | None = None,
-    grad_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
-    if not table.is_rnnt or table.sigma:
-        raise NotImplementedError("the Triton joint takes RNN-T tables only, for now")
-    return rnnt_loss_forward(
-        logits, targets, logit_lengths, target_lengths, table.blank_arcs[0].token, table.clamp,
-        fused_log_softmax, table.fastemit_lambda, compute_grad, grad_buffer, grad_scale,
-    )

@@ -1,43 +1,25 @@
-r"""Transducer lattice and RNN-T loss with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
+r"""The transducer lattice with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1``.
 
-Implements the kernel interface documented in ``seqloss.reference.transducer``
-(``transducer_lattice`` and ``rnnt_loss_forward``, same signatures and semantics).
+Implements ``transducer_lattice`` of ``seqloss.transducer.lattice.reference`` (same
+signature and semantics: any blank and emission durations, ``emit_can_end``). The
+joint's prologue and epilogue (``seqloss.transducer.joint.triton_cuda``) reuse
+``transducer_alpha_beta`` and the helpers below.
 
 Launches, in stream order (each phase is its own launch, so no program ever
 reads what another program of the same launch writes):
 
-``transducer_lattice``
-    1. ``transducer_alpha_beta_kernel``, grid ``(B, 2)``: program ``(b, 0)`` runs the
-       forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
-       concurrently (they share nothing); each walks the anti-diagonals
-       ``n = t + u`` with the diagonal's states in the lanes and stores them to its
-       own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
-    2. ``transducer_occupation_kernel``: one program per block of states
-       ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``.
+1. ``transducer_alpha_beta_kernel``, grid ``(B, 2)``: program ``(b, 0)`` runs the
+   forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
+   concurrently (they share nothing); each walks the anti-diagonals
+   ``n = t + u`` with the diagonal's states in the lanes and stores them to its
+   own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
+2. ``transducer_occupation_kernel``: one program per block of states
+   ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``; it reads
+   alpha and beta, written by the previous launch, and writes only its own states'
+   occupations.
 
-``rnnt_loss_forward`` (prologue, core, epilogue)
-    1. ``rnnt_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of
-       the joint; one read of the logits: online log-sum-exp over blocks of ``V``
-       (fused only), the blank and target scores gathered into the arc grids
-       (as log-probabilities), and a per-row NaN/``+inf`` flag.
-    2. ``transducer_alpha_beta_kernel`` as above, with RNN-T's arcs.
-    3. ``rnnt_grad_kernel``: one program per block of rows, one more read of the
-       logits and one write of the gradient: the two arc occupations of the row
-       (from alpha, beta, the arcs and ``log p``), then
-       ``softmax * (o_b + (1+λ) o_e) - o_b [blank] - (1+λ) o_e [target]``, clamp,
-       ``grad_scale``, dtype cast; NaN on a poisoned sequence's rows, 0 on padding
-       and infeasible sequences. Each element is written by exactly one program
-       (no atomics: deterministic), after the same program (the same lane) read
-       it, so the gradient may overwrite the logits (the in-place mode).
-
-No logits-sized temporary: the log-softmax is never materialized (the
-normalizers are ``(B, T, U+1)``), and the gradient is the only logits-sized
-output (none with ``grad_buffer=logits``).
-
-Accumulation: ``transducer_lattice`` in the arcs' dtype; ``rnnt_loss_forward`` runs
-its logits-sized passes in float32 (float64 for float64 input) and its lattice in
-float64 (see there). Half inputs are cast at load (the interpreter keeps bfloat16
-as raw integers and cannot compute on it).
+Accumulation in the arcs' dtype. ``emit_can_end`` is a ``tl.constexpr``: the
+default topology compiles exactly as before it existed.
 """
 
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
@@ -96,8 +78,9 @@ def _row_offset(i_b, i_t, i_u, U_b, off_ptr, m, s_b, s_t, s_u, PACKED: tl.conste
 @triton.jit
 def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
                 s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d,
-                NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
-    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n - u, u)``)."""
+                NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, ACC: tl.constexpr,
+                BLOCK_U: tl.constexpr):
+    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n-u, u)``)."""
     tl.store(p_a + o_u, tl.zeros([BLOCK_U], ACC), mask=o_u == 0)
     tl.debug_barrier()
     # Each state is an online log-sum-exp over its incoming arcs, kept as
@@ -127,8 +110,12 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
             b_m = b_hi
         for j in tl.static_range(NE):
             ts = t - tl.load(ed_ptr + j)
-            # An emission never lands on the last frame T_b (the utterance ends on a blank).
-            m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
+            # An emission lands on the last frame T_b only with EMIT_CAN_END (else the
+            # utterance ends on a blank); it always leaves a frame ts < T_b.
+            if EMIT_CAN_END:
+                m_a = m_st & (ts < T_b) & (o_u >= 1) & (ts >= 0)
+            else:
+                m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
             b_v = tl.load(p_a + ts * U1 + o_u - 1, mask=m_a, other=float("-inf")) + tl.load(
                 p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
@@ -148,7 +135,8 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
 @triton.jit
 def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
                s_ab_t, s_ab_d, s_ae_t, s_ae_d,
-               NB: tl.constexpr, NE: tl.constexpr, ACC: tl.constexpr, BLOCK_U: tl.constexpr):
+               NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, ACC: tl.constexpr,
+               BLOCK_U: tl.constexpr):
     """Backward variables of one sequence, diagonals from ``T_b + U_b`` down to 0."""
     for k in range(0, T_b + U_b + 1):
         n = T_b + U_b - k
@@ -160,17 +148,20 @@ def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
         for i in tl.static_range(NB):
             td = t + tl.load(bd_ptr + i)
             m_a = m_src & (td <= T_b)
-            b_v = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
-                p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_v = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_v = b_v + tl.load(p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
             b_m = b_hi
         for j in tl.static_range(NE):
             td = t + tl.load(ed_ptr + j)
-            m_a = m_src & (o_u < U_b) & (td < T_b)
-            b_v = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC) + tl.load(
-                p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
+            if EMIT_CAN_END:
+                m_a = m_src & (o_u < U_b) & (td <= T_b)
+            else:
+                m_a = m_src & (o_u < U_b) & (td < T_b)
+            b_v = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_v = b_v + tl.load(p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
@@ -189,7 +180,8 @@ def transducer_alpha_beta_kernel(
     ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr,
     T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
-    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_U: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_U: tl.constexpr,
 ):
     r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
 
@@ -200,7 +192,7 @@ def transducer_alpha_beta_kernel(
         beta(t, u)  = logsumexp_i (arc_blank[t, u, i] + beta(t + d_i, u))
                          (+) logsumexp_j (arc_emit[t, u, j] + beta(t + d_j, u + 1))
 
-    (arc conditions as in ``seqloss.reference.transducer``). Every arc advances
+    (arc conditions as in ``seqloss.transducer.lattice.reference``). Every arc advances
     ``t + u`` by ``d + (emission)`` >= 1, so a diagonal depends only on earlier
     diagonals (later ones for beta), possibly several back when durations exceed 1.
 
@@ -232,10 +224,10 @@ def transducer_alpha_beta_kernel(
     o_seq = i_b * (T + 1) * U1
     if i_dir == 0:
         _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1, o_u,
-                    s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d, NB, NE, ACC, BLOCK_U)
+                    s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)
     else:
         _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1, o_u,
-                   s_ab_t, s_ab_d, s_ae_t, s_ae_d, NB, NE, ACC, BLOCK_U)
+                   s_ab_t, s_ab_d, s_ae_t, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)
 
 
 @triton.jit
@@ -243,13 +235,15 @@ def transducer_occupation_kernel(
     ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr, ob_ptr, oe_ptr,
     B, T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
-    NB: tl.constexpr, NE: tl.constexpr, FP64: tl.constexpr, BLOCK_R: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, FP64: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     """Arc occupations of a block of ``BLOCK_R`` states ``r = (b * T + t) * (U+1) + u``.
 
     ``occ = exp(alpha(t, u) + arc + beta(destination) - log p)`` on the arcs that
     exist (source ``t < T_b``, ``u <= U_b``; blank lands at ``t + d <= T_b``; emission
-    needs ``u < U_b`` and lands at ``t + d < T_b``) of feasible sequences, else 0.
+    needs ``u < U_b`` and lands at ``t + d < T_b``, or ``<= T_b`` with ``EMIT_CAN_END``)
+    of feasible sequences, else 0.
 
     Updates:
         occ_blank (B, T, U+1, NB), occ_emit (B, T, U+1, NE) (contiguous): every entry.
@@ -275,7 +269,10 @@ def transducer_occupation_kernel(
         tl.store(ob_ptr + i_r * NB + i, _occupation(b_a, b_arc, b_beta, b_ll, m_a), mask=m_r)
     for j in tl.static_range(NE):
         td = i_t + tl.load(ed_ptr + j)
-        m_a = m_src & (i_u < U_b) & (td < T_b)
+        if EMIT_CAN_END:
+            m_a = m_src & (i_u < U_b) & (td <= T_b)
+        else:
+            m_a = m_src & (i_u < U_b) & (td < T_b)
         b_arc = tl.load(ae_ptr + i_b * s_ae_b + i_t * s_ae_t + i_u * s_ae_u + j * s_ae_d,
                         mask=m_a, other=float("-inf")).to(ACC)
         b_beta = tl.load(beta_ptr + o_seq + td * U1 + i_u + 1, mask=m_a, other=float("-inf"))
@@ -313,8 +310,11 @@ def transducer_alpha_beta(
     blank_durations: tuple[int, ...],
     emit_durations: tuple[int, ...],
     do_beta: bool,
+    emit_can_end: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch ``transducer_alpha_beta_kernel``: ``(ll (B,), alpha, beta)`` (beta: alpha if not ``do_beta``).
+    """Launch ``transducer_alpha_beta_kernel``: ``(ll (B,), alpha, beta)``.
+
+    ``beta`` is ``alpha`` itself when not ``do_beta``.
 
     ``il``, ``tlen``: int64 on the arcs' device; ``T >= 1``, ``B >= 1``.
     """
@@ -330,8 +330,8 @@ def transducer_alpha_beta(
     transducer_alpha_beta_kernel[(B, 2 if do_beta else 1)](
         arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
         il, tlen, alpha, beta, ll, T, U1, *arc_blank.stride(), *ae.stride(),
-        NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
-        BLOCK_U=block_u, num_warps=_state_warps(block_u),
+        NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
+        FP64=dt == torch.float64, BLOCK_U=block_u, num_warps=_state_warps(block_u),
     )
     return ll, alpha, beta
 
@@ -344,8 +344,9 @@ def transducer_lattice(
     blank_durations: tuple[int, ...],
     emit_durations: tuple[int, ...],
     compute_occupations: bool,
+    emit_can_end: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See ``seqloss.reference.transducer.transducer_lattice``."""
+    """See ``seqloss.transducer.lattice.reference.transducer_lattice``."""
     B, T, U1, _ = arc_blank.shape
     dt = arc_blank.dtype
     device = arc_blank.device
@@ -358,7 +359,7 @@ def transducer_lattice(
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     with _device_guard(arc_blank):
         ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen, blank_durations,
-                                                emit_durations, compute_occupations)
+                                                emit_durations, compute_occupations, emit_can_end)
         if not compute_occupations:
             return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
         occ_b = torch.empty(arc_blank.shape, dtype=dt, device=device)
@@ -368,8 +369,8 @@ def transducer_lattice(
         transducer_occupation_kernel[(triton.cdiv(B * T * U1, block_r),)](
             arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
             il, tlen, alpha, beta, ll, occ_b, occ_e, B, T, U1, *arc_blank.stride(), *ae.stride(),
-            NB=len(blank_durations), NE=len(emit_durations), FP64=dt == torch.float64,
-            BLOCK_R=block_r,
+            NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
+            FP64=dt == torch.float64, BLOCK_R=block_r,
         )
     return ll, occ_b, occ_e
 
