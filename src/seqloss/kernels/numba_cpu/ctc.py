@@ -13,7 +13,8 @@ The batch runs on a thread pool (GIL-free Numba functions); per sequence:
    gradient (``softmax - occupation`` needs it anyway).
 2. ``alpha`` forward and ``beta'`` (excluding the frame's own emission)
    backward as multiply-adds in the probability domain. The states are cut in
-   blocks of ``BW`` labels (``2 BW`` states); each block of each frame carries
+   blocks of ``bw`` labels (``2 bw`` states; ``bw`` = 16, 4 beyond ``LONG_T``
+   frames); each block of each frame carries
    its own binary exponent (``value = stored * 2**k``, the stored block
    rescaled every frame so its maximum lies in [1, 2), an exact power-of-two
    multiply), and the one state a block reads from its neighbour is converted
@@ -50,9 +51,12 @@ Taylor polynomial, exponent built from integer bits) so that LLVM vectorizes
 it; it is accurate to about 1 ulp on ``[-708, 1]``.
 
 Memory: the gradient is the only logits-sized array (float32 scratch for
-half-precision inputs, cast at the end); per sequence, ``(T_b, L_b + 1)``
-emissions and ``(T_b, 2 L_b + 1)`` scaled alphas in float64, allocated by the
-thread that runs it.
+half-precision inputs, cast at the end). Per sequence, allocated by the thread
+that runs it: the emissions and alphas of every frame while they take at most
+``FULL_STORE_BYTES``; above that, of one segment of ``ceil(sqrt(T_b))`` frames,
+plus one alpha row (a checkpoint) per segment: the backward sweep recomputes
+each segment from its checkpoint, bit for bit (see "segments" below). The
+forward alone keeps two rows.
 """
 
 from __future__ import annotations
@@ -151,21 +155,76 @@ def _zero_rows(grad, tb_layout, b, t0, t1):
         g[:] = 0.0
 
 
+# --------------------------------------------------------------------------- segments
+# The backward sweep needs every frame's alpha (and emissions). They are kept for
+# all ``T_b`` frames only while that takes at most FULL_STORE_BYTES per sequence.
+# Above it, ring buffers of ``S ~ sqrt(T_b)`` rows hold one segment of frames; the
+# first sweep saves alpha at every frame ``k S`` (a checkpoint), and the backward
+# sweep, segment by segment from the last, recomputes the segment's emissions and
+# alphas from its checkpoint (the last segment is still in the buffers). The
+# recomputation runs the same code on the same inputs, so it reproduces the first
+# sweep bit for bit: the results do not depend on the segment length. Stored
+# state: O(sqrt(T_b) K) instead of O(T_b K), for one more forward sweep.
+FULL_STORE_BYTES = 32 << 20
+# Testing hook, read from Python at each call of ``ctc_loss_forward``: a segment
+# length forced on every sequence; 0: automatic; -1: checkpointed whatever the size.
+_SEGMENT_OVERRIDE = 0
+
+
+@njit(cache=True, error_model="numpy")
+def _seg_len(Tb, row_bytes, compute_grad, seg):
+    """Rows of the ring buffers (frames per segment) for a sequence of ``T_b >= 1`` frames."""
+    if not compute_grad:
+        S = 2  # the forward sweep alone reads one row back
+    elif seg > 0:
+        S = max(seg, 2)  # a ring of one row would overwrite the row it reads
+    elif seg == 0 and Tb * row_bytes <= FULL_STORE_BYTES:
+        S = Tb
+    else:
+        S = max(np.int64(math.ceil(math.sqrt(Tb))), 2)
+    return min(S, Tb)
+
+
+@njit(cache=True, error_model="numpy")
+def _softmax_lse(xr, C, ex):
+    """``ex = exp(x - max)`` over a logits row; returns (log-sum-exp, sum of ex, max).
+
+    A NaN anywhere in the row makes the log-sum-exp NaN (``_exp`` maps NaN to 0).
+    """
+    m = _max(xr)
+    nan = 0
+    for c in range(C):
+        ex[c] = _exp(xr[c] - m)
+        nan += xr[c] != xr[c]
+    s = _sum(ex, C)
+    return (m + math.log(s) if nan == 0 else np.nan), s, m
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _write_softmax(grad, tb_layout, t, b, C, ex, s):
+    inv = 1.0 / s
+    g = _row(grad, tb_layout, t, b)
+    for c in range(C):
+        g[c] = ex[c] * inv
+
+
 # --------------------------------------------------------------------------- log space
 @njit(cache=True, error_model="numpy")
-def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad):
-    """Exact log-space CTC of one sequence (``T_b >= 1``); returns the loss.
+def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, first, t0, t1, lse, lp, la, cla, skip):
+    """Log-space emissions and alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
-    Updates: rows ``t < T_b`` of sequence ``b`` in ``grad`` (when ``compute_grad``).
+    ``first``: the first sweep (``t0 == 0``): computes ``lse[t]`` (fused) and
+    saves the rows of frames ``k S`` in ``cla`` (``k < len(cla)``). Otherwise row
+    ``t0 % S`` of ``la`` holds alpha of ``t0`` (a checkpoint).
     """
     nl = lab.shape[0]
-    Lb = nl - 1
-    K = 2 * Lb + 1
-    lp = np.empty((Tb, nl))
-    lse = np.zeros(Tb)
-    for t in range(Tb):
+    K = la.shape[1]
+    S = la.shape[0]
+    nck = cla.shape[0]
+    for t in range(t0, t1):
+        r = t % S
         xr = _row(x, tb_layout, t, b)
-        if fused:
+        if fused and first:
             m = NEG_INF
             for c in range(C):
                 if xr[c] > m or xr[c] != xr[c]:
@@ -177,26 +236,53 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad):
                 for c in range(C):
                     s += math.exp(xr[c] - m)
                 lse[t] = m + math.log(s)
+        lpr = lp[r]
         for j in range(nl):
-            lp[t, j] = xr[lab[j]] - lse[t]
+            lpr[j] = xr[lab[j]] - lse[t]
+        an = la[r]
+        if t == t0:
+            if first:
+                an[:] = NEG_INF
+                an[0] = lpr[0]
+                if K > 1:
+                    an[1] = lpr[1]
+        else:
+            ap = la[(t - 1) % S]
+            for s in range(K):
+                a = ap[s]
+                if s >= 1:
+                    a = _logaddexp(a, ap[s - 1])
+                if skip[s]:
+                    a = _logaddexp(a, ap[s - 2])
+                an[s] = a + lpr[(s + 1) // 2 if s % 2 == 1 else 0]
+        if first and r == 0 and t // S < nck:
+            cla[t // S] = an
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg):
+    """Exact log-space CTC of one sequence (``T_b >= 1``); returns the loss.
+
+    Updates: rows ``t < T_b`` of sequence ``b`` in ``grad`` (when ``compute_grad``).
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    S = _seg_len(Tb, 8 * (K + nl), compute_grad, seg)
+    nseg = (Tb + S - 1) // S
+    nck = nseg - 1 if compute_grad else 0
+    lp = np.empty((S, nl))
+    lse = np.zeros(Tb)
     skip = np.zeros(K, np.bool_)
     for s in range(3, K, 2):
         skip[s] = lab[(s + 1) // 2] != lab[(s - 1) // 2]
-    la = np.full((Tb, K), NEG_INF)
-    la[0, 0] = lp[0, 0]
+    la = np.full((S, K), NEG_INF)
+    cla = np.empty((nck, K))
+    _log_alpha(x, tb_layout, b, C, lab, Tb, fused, True, 0, Tb, lse, lp, la, cla, skip)
+    laf = la[(Tb - 1) % S]
+    ll = laf[K - 1]
     if K > 1:
-        la[0, 1] = lp[0, 1]
-    for t in range(1, Tb):
-        for s in range(K):
-            a = la[t - 1, s]
-            if s >= 1:
-                a = _logaddexp(a, la[t - 1, s - 1])
-            if skip[s]:
-                a = _logaddexp(a, la[t - 1, s - 2])
-            la[t, s] = a + lp[t, (s + 1) // 2 if s % 2 == 1 else 0]
-    ll = la[Tb - 1, K - 1]
-    if K > 1:
-        ll = _logaddexp(ll, la[Tb - 1, K - 2])
+        ll = _logaddexp(ll, laf[K - 2])
     if ll == NEG_INF:
         if compute_grad:
             _zero_rows(grad, tb_layout, b, 0, Tb)
@@ -209,37 +295,54 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad):
         lb[K - 2] = 0.0
     inc = np.empty(K)
     occ = np.empty(nl)
-    for t in range(Tb - 1, -1, -1):
-        occ[:] = 0.0
-        for s in range(K):
-            occ[(s + 1) // 2 if s % 2 == 1 else 0] += math.exp(la[t, s] + lb[s] - ll)
-        g = _row(grad, tb_layout, t, b)
-        if fused:
-            xr = _row(x, tb_layout, t, b)
-            for c in range(C):
-                g[c] = math.exp(xr[c] - lse[t])
-        else:
-            g[:] = 0.0
-        for j in range(nl):
-            g[lab[j]] -= occ[j]
-        if t == 0:
-            break
-        for s in range(K):
-            inc[s] = lb[s] + lp[t, (s + 1) // 2 if s % 2 == 1 else 0]
-        for s in range(K):
-            v = inc[s]
-            if s + 1 < K:
-                v = _logaddexp(v, inc[s + 1])
-            if s + 2 < K and skip[s + 2]:
-                v = _logaddexp(v, inc[s + 2])
-            lb[s] = v
+    for k in range(nseg - 1, -1, -1):
+        t0 = k * S
+        t1 = min(Tb, t0 + S)
+        if k < nseg - 1:
+            la[0] = cla[k]
+            _log_alpha(x, tb_layout, b, C, lab, Tb, fused, False, t0, t1, lse, lp, la, cla, skip)
+        for t in range(t1 - 1, t0 - 1, -1):
+            r = t - t0
+            lat = la[r]
+            lpr = lp[r]
+            occ[:] = 0.0
+            for s in range(K):
+                occ[(s + 1) // 2 if s % 2 == 1 else 0] += math.exp(lat[s] + lb[s] - ll)
+            g = _row(grad, tb_layout, t, b)
+            if fused:
+                xr = _row(x, tb_layout, t, b)
+                for c in range(C):
+                    g[c] = math.exp(xr[c] - lse[t])
+            else:
+                g[:] = 0.0
+            for j in range(nl):
+                g[lab[j]] -= occ[j]
+            if t == 0:
+                break
+            for s in range(K):
+                inc[s] = lb[s] + lpr[(s + 1) // 2 if s % 2 == 1 else 0]
+            for s in range(K):
+                v = inc[s]
+                if s + 1 < K:
+                    v = _logaddexp(v, inc[s + 1])
+                if s + 2 < K and skip[s + 2]:
+                    v = _logaddexp(v, inc[s + 2])
+                lb[s] = v
     return -ll
 
 
 # --------------------------------------------------------------------------- probability domain
 
-# Probability-domain block exponents: labels per block, and the exponent of an all-zero block.
-BW = 16
+# Probability-domain block exponents: labels per block (a power of two, 2**BSH),
+# and the exponent of an all-zero block. Long sequences take narrower blocks:
+# the spread of alpha within a block grows with the frame index (at a band edge
+# about log(t) nats per state, more with contrasted emissions), and with 16
+# labels it leaves float64's range after ~5000 frames (randn logits, C = 30..1000),
+# which sends such sequences to the ~2x slower extended path. Narrow blocks cost
+# ~10-15% on short ones (more exponent bookkeeping).
+BSH = 4
+BSH_LONG = 2
+LONG_T = 4096
 KZ = -(1 << 40)
 _LN2 = 0.6931471805599453
 
@@ -253,11 +356,189 @@ def _p2(d):
 
 @njit(inline="always", cache=True, error_model="numpy")
 def _expo(m):
-    """Binary exponent of a positive normal float64 (``m = mantissa * 2**e``, mantissa in [1, 2))."""
+    """Binary exponent ``e`` of a positive normal float64 ``m = mantissa * 2**e``."""
     return ((np.float64(m).view(np.int64) >> 52) & 0x7FF) - 1023
 
+
 @njit(cache=True, error_model="numpy")
-def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss):
+def _fast_emissions(xr, lab, lse, lp, er):
+    """``er = exp(lp - M)`` for one frame's label log-probs ``lp = x[lab] - lse``.
+
+    Returns ``(M, ok)``; not ok: every label masked (``M = -inf``, an exact zero
+    that the caller decides in log space), a non-finite ``M``, or a nonzero label
+    more than 708 nats below ``M`` (it would underflow), or a NaN (``max`` and
+    ``_exp`` would pass over it).
+    """
+    nl = lab.shape[0]
+    for j in range(nl):
+        lp[j] = xr[lab[j]] - lse
+    M = NEG_INF
+    for j in range(nl):
+        M = max(M, lp[j])
+    if not (M > NEG_INF and M < INF):
+        return M, False
+    under = False
+    for j in range(nl):
+        d = lp[j] - M
+        er[j] = _exp(d)
+        under |= ((d < EXP_MIN) & (lp[j] > NEG_INF)) | (lp[j] != lp[j])
+    return M, not under
+
+
+@njit(cache=True, error_model="numpy")
+def _fast_alpha_step(t, Tb, K, Lb, ap_e, ap_o, kp, an_e, an_o, kn, el, sk, bsh):
+    """Scaled alpha of frame ``t >= 1`` (rows ``an_*``, ``kn``) from frame ``t - 1``'s.
+
+    Writes the band of ``t``, its block exponents (``KZ`` elsewhere) and exact
+    zeros at the two states above the band (frame ``t + 1`` reads them). Returns
+    the number of failed range checks. Blocks of ``2**bsh`` labels.
+    """
+    bw = 1 << bsh
+    lo = max(0, K - 2 * (Tb - t))
+    hi = min(K - 1, 2 * t + 1)
+    ie0, ie1 = (lo + 1) // 2, hi // 2
+    io0, io1 = lo // 2, (hi - 1) // 2
+    kn[:] = KZ
+    eb = el[0]
+    nbad = 0
+    for j in range(min(ie0, io0) >> bsh, (max(ie1, io1) >> bsh) + 1):
+        base = j << bsh
+        # block j is computed at its exponent of t - 1 (an all-zero block: its
+        # lower neighbour's); the lower neighbour's last odd state enters scaled by f
+        kl = kp[j - 1] if j > 0 else KZ
+        kj = kp[j] if kp[j] != KZ else (kl if kl != KZ else 0)
+        f = 0.0
+        if kl != KZ:
+            nbad += (kl - kj) > 1000
+            f = _p2(kl - kj)
+        m = 0.0
+        a0 = max(ie0, base)
+        a1 = min(ie1, base + bw - 1)
+        if a0 == 0 and a1 >= 0:
+            w = ap_e[0]
+            v = w * eb
+            an_e[0] = v
+            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
+            m = max(m, v)
+            a0 = 1
+        for i in range(a0, a1 + 1):
+            po = ap_o[i - 1]
+            w = ap_e[i] + po * (f if i == base else 1.0)
+            v = w * eb
+            an_e[i] = v
+            nbad += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
+            m = max(m, v)
+        b0 = max(io0, base)
+        b1 = min(io1, base + bw - 1)
+        if b0 == 0 and b1 >= 0:
+            w = ap_o[0] + ap_e[0]
+            e = el[1]
+            v = w * e
+            an_o[0] = v
+            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+            m = max(m, v)
+            b0 = 1
+        for i in range(b0, b1 + 1):
+            po = sk[i] * ap_o[i - 1]
+            w = ap_o[i] + ap_e[i] + po * (f if i == base else 1.0)
+            e = el[i + 1]
+            v = w * e
+            an_o[i] = v
+            nbad += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
+            m = max(m, v)
+        if m > 0.0:
+            ex_ = _expo(m)
+            sc = _p2(-ex_)
+            kn[j] = kj + ex_
+            for i in range(max(ie0, base), a1 + 1):
+                v = an_e[i]
+                u = v * sc
+                an_e[i] = u
+                nbad += (v > 0.0) & (u < TINY)
+            for i in range(max(io0, base), b1 + 1):
+                v = an_o[i]
+                u = v * sc
+                an_o[i] = u
+                nbad += (v > 0.0) & (u < TINY)
+    for s in range(hi + 1, min(hi + 3, K)):
+        if s % 2 == 0:
+            an_e[s // 2] = 0.0
+        else:
+            an_o[s // 2] = 0.0
+    return nbad
+
+
+@njit(cache=True, error_model="numpy")
+def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1,
+                lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh):
+    """Emissions and scaled alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
+
+    ``first``: the first sweep (``t0 == 0``): frame 0 starts the recursion, every
+    range check is made, ``lses[t]`` is stored (fused) and the softmax rows are
+    written into ``grad`` (``write_sm``), and the rows of frames ``k S`` are saved
+    as checkpoints ``k < len(CE)``. Otherwise a recomputation: row ``t0 % S``
+    holds alpha of ``t0`` (a checkpoint) and the checks, passed before, are skipped.
+    Returns ``(ok, sum of the frames' M_t)``.
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    S = E.shape[0]
+    nck = CE.shape[0]
+    logscale = 0.0
+    for t in range(t0, t1):
+        r = t % S
+        xr = _row(x, tb_layout, t, b)
+        lse = 0.0
+        if fused:
+            if first:
+                lse, s, _m = _softmax_lse(xr, C, ex)
+                lses[t] = lse
+                if write_sm:
+                    _write_softmax(grad, tb_layout, t, b, C, ex, s)
+            else:
+                lse = lses[t]
+        M, ok = _fast_emissions(xr, lab, lse, lp, E[r])
+        if first and not ok:
+            # Every label masked at this frame (an exact zero), or a non-finite
+            # input that the caller will poison: decide in log space.
+            return False, logscale
+        logscale += M
+        an_e = AE[r]
+        an_o = AO[r]
+        kn = KA[r]
+        if t == t0:
+            if first:  # frame 0; the buffers are fresh (zeros, KZ)
+                if K - 2 * Tb <= 0:  # else (T_b = L_b) state 0 cannot reach the end
+                    an_e[0] = E[r, 0]
+                if K > 1:
+                    an_o[0] = E[r, 1]
+                m = max(an_e[0], an_o[0])
+                if not m > 0.0:
+                    return False, logscale
+                e0 = _expo(m)
+                sc = _p2(-e0)
+                an_e[0] *= sc
+                an_o[0] *= sc
+                kn[0] = e0
+                if (an_e[0] > 0.0 and an_e[0] < TINY) or (an_o[0] > 0.0 and an_o[0] < TINY):
+                    return False, logscale
+        else:
+            p = (t - 1) % S
+            nbad = _fast_alpha_step(t, Tb, K, Lb, AE[p], AO[p], KA[p], an_e, an_o, kn, E[r], sk,
+                                    bsh)
+            if first and nbad:
+                return False, logscale
+        if first and r == 0 and t // S < nck:
+            k = t // S
+            CE[k] = an_e
+            CO[k] = an_o
+            CK[k] = kn
+    return True, logscale
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss, seg):
     """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
 
     Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
@@ -267,151 +548,38 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     Lb = nl - 1
     K = 2 * Lb + 1
     no = max(Lb, 1)
-    # ---- emissions, scaled by the frame's best label
-    E = np.empty((Tb, nl))
-    logM = np.empty(Tb)
+    bsh = BSH if Tb <= LONG_T else BSH_LONG
+    bw = 1 << bsh
+    nb = (nl + bw - 1) >> bsh
+    S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
+    nseg = (Tb + S - 1) // S
+    nck = nseg - 1 if compute_grad else 0
+    lses = np.empty(Tb if fused else 0)
     lp = np.empty(nl)
     ex = np.empty(C if fused else 0)
-    for t in range(Tb):
-        xr = _row(x, tb_layout, t, b)
-        if fused:
-            m = _max(xr)
-            for c in range(C):
-                ex[c] = _exp(xr[c] - m)
-            s = _sum(ex, C)
-            lse = m + math.log(s)
-            if compute_grad:
-                inv = 1.0 / s
-                g = _row(grad, tb_layout, t, b)
-                for c in range(C):
-                    g[c] = ex[c] * inv
-            for j in range(nl):
-                lp[j] = xr[lab[j]] - lse
-        else:
-            for j in range(nl):
-                lp[j] = xr[lab[j]]
-        M = NEG_INF
-        for j in range(nl):
-            M = max(M, lp[j])
-        if not (M > NEG_INF and M < INF):
-            # Every label masked at this frame (an exact zero), or a non-finite
-            # input that the caller will poison: decide in log space.
-            return FALLBACK
-        logM[t] = M
-        under = False
-        for j in range(nl):
-            d = lp[j] - M
-            E[t, j] = _exp(d)
-            under |= (d < EXP_MIN) & (lp[j] > NEG_INF)
-        if under:
-            return FALLBACK
-
     sk = np.zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
     for i in range(1, Lb):
         sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
-    nb = (nl + BW - 1) // BW
 
-    # ---- alpha: band [lo, hi] of states only (storage zero outside it); block j
-    # (labels jBW..jBW+BW-1, even and odd states) of frame t is AE/AO * 2**KA[t, j].
-    AE = np.zeros((Tb, nl))  # even states 2i (blank)
-    AO = np.zeros((Tb, no))  # odd states 2i+1 (label i+1)
-    KA = np.full((Tb, nb), KZ, np.int64)
-    lo = max(0, K - 2 * Tb)
-    if lo == 0:
-        AE[0, 0] = E[0, 0]
-    if K > 1:
-        AO[0, 0] = E[0, 1]
-    m = max(AE[0, 0], AO[0, 0])
-    if not m > 0.0:
+    # ---- emissions E (scaled by the frame's best label M_t) and alpha: band
+    # [lo, hi] of states only; block j (labels j bw .. j bw + bw - 1, even and odd states)
+    # of frame t is AE/AO * 2**KA[t, j]. Ring rows t % S; checkpoints CE, CO, CK.
+    E = np.empty((S, nl))
+    AE = np.zeros((S, nl))  # even states 2i (blank)
+    AO = np.zeros((S, no))  # odd states 2i+1 (label i+1)
+    KA = np.full((S, nb), KZ, np.int64)
+    CE = np.empty((nck, nl))
+    CO = np.empty((nck, no))
+    CK = np.empty((nck, nb), np.int64)
+    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, True, compute_grad, grad,
+                               0, Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+    if not ok:
         return FALLBACK
-    e0 = _expo(m)
-    sc = _p2(-e0)
-    AE[0, 0] *= sc
-    AO[0, 0] *= sc
-    KA[0, 0] = e0
-    if (AE[0, 0] > 0.0 and AE[0, 0] < TINY) or (AO[0, 0] > 0.0 and AO[0, 0] < TINY):
-        return FALLBACK
-    logscale = logM[0]
-    for t in range(1, Tb):
-        lo = max(0, K - 2 * (Tb - t))
-        hi = min(K - 1, 2 * t + 1)
-        ie0, ie1 = (lo + 1) // 2, hi // 2
-        io0, io1 = lo // 2, (hi - 1) // 2
-        ap_e = AE[t - 1]
-        ap_o = AO[t - 1]
-        an_e = AE[t]
-        an_o = AO[t]
-        kp = KA[t - 1]
-        kn = KA[t]
-        eb = E[t, 0]
-        el = E[t]
-        nbad = 0
-        for j in range(min(ie0, io0) // BW, max(ie1, io1) // BW + 1):
-            base = j * BW
-            # block j is computed at its exponent of t - 1 (an all-zero block: its
-            # lower neighbour's); the lower neighbour's last odd state enters scaled by f
-            kl = kp[j - 1] if j > 0 else KZ
-            kj = kp[j] if kp[j] != KZ else (kl if kl != KZ else 0)
-            f = 0.0
-            if kl != KZ:
-                nbad += (kl - kj) > 1000
-                f = _p2(kl - kj)
-            m = 0.0
-            a0 = max(ie0, base)
-            a1 = min(ie1, base + BW - 1)
-            if a0 == 0 and a1 >= 0:
-                w = ap_e[0]
-                v = w * eb
-                an_e[0] = v
-                nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
-                m = max(m, v)
-                a0 = 1
-            for i in range(a0, a1 + 1):
-                po = ap_o[i - 1]
-                w = ap_e[i] + po * (f if i == base else 1.0)
-                v = w * eb
-                an_e[i] = v
-                nbad += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
-                m = max(m, v)
-            b0 = max(io0, base)
-            b1 = min(io1, base + BW - 1)
-            if b0 == 0 and b1 >= 0:
-                w = ap_o[0] + ap_e[0]
-                e = el[1]
-                v = w * e
-                an_o[0] = v
-                nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
-                m = max(m, v)
-                b0 = 1
-            for i in range(b0, b1 + 1):
-                po = sk[i] * ap_o[i - 1]
-                w = ap_o[i] + ap_e[i] + po * (f if i == base else 1.0)
-                e = el[i + 1]
-                v = w * e
-                an_o[i] = v
-                nbad += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
-                m = max(m, v)
-            if m > 0.0:
-                ex_ = _expo(m)
-                sc = _p2(-ex_)
-                kn[j] = kj + ex_
-                for i in range(max(ie0, base), a1 + 1):
-                    v = an_e[i]
-                    u = v * sc
-                    an_e[i] = u
-                    nbad += (v > 0.0) & (u < TINY)
-                for i in range(max(io0, base), b1 + 1):
-                    v = an_o[i]
-                    u = v * sc
-                    an_o[i] = u
-                    nbad += (v > 0.0) & (u < TINY)
-        if nbad:
-            return FALLBACK
-        logscale += logM[t]
-    v1 = AE[Tb - 1, Lb]
-    k1 = KA[Tb - 1, Lb // BW] if v1 > 0.0 else KZ
-    v2 = AO[Tb - 1, Lb - 1] if Lb >= 1 else 0.0
-    k2 = KA[Tb - 1, (Lb - 1) // BW] if v2 > 0.0 else KZ
+    rf = (Tb - 1) % S
+    v1 = AE[rf, Lb]
+    k1 = KA[rf, Lb >> bsh] if v1 > 0.0 else KZ
+    v2 = AO[rf, Lb - 1] if Lb >= 1 else 0.0
+    k2 = KA[rf, (Lb - 1) >> bsh] if v2 > 0.0 else KZ
     kk = max(k1, k2)
     if kk == KZ:
         return FALLBACK
@@ -431,113 +599,124 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     KB2 = np.full(nb, KZ, np.int64)
     fb = np.zeros(nb)
     be[Lb] = 1.0
-    KB[Lb // BW] = 0
+    KB[Lb >> bsh] = 0
     if Lb >= 1:
         bo[Lb - 1] = 1.0
-        KB[(Lb - 1) // BW] = 0
-    for t in range(Tb - 1, -1, -1):
-        lo = max(0, K - 2 * (Tb - t))
-        hi = min(K - 1, 2 * t + 1)
-        ie0, ie1 = (lo + 1) // 2, hi // 2
-        io0, io1 = lo // 2, (hi - 1) // 2
-        j0 = min(ie0, io0) // BW
-        j1 = max(ie1, io1) // BW
-        a_e = AE[t]
-        a_o = AO[t]
-        ka = KA[t]
-        kmax = KZ
-        for j in range(j0, j1 + 1):
-            if ka[j] != KZ and KB[j] != KZ:
-                kmax = max(kmax, ka[j] + KB[j])
-        if kmax == KZ:
-            return FALLBACK
-        for j in range(j0, j1 + 1):
-            fb[j] = _p2(ka[j] + KB[j] - kmax) if (ka[j] != KZ and KB[j] != KZ) else 0.0
-        ze = 0.0
-        zo = 0.0
-        for j in range(j0, j1 + 1):
-            fj = fb[j]
-            for i in range(max(ie0, j * BW), min(ie1, j * BW + BW - 1) + 1):
-                ze += a_e[i] * be[i] * fj
-            for i in range(max(io0, j * BW), min(io1, j * BW + BW - 1) + 1):
-                zo += a_o[i] * bo[i] * fj
-        Z = ze + zo
-        if not Z >= Z_MIN:
-            return FALLBACK
-        invZ = 1.0 / Z
-        g = _row(grad, tb_layout, t, b)
-        if not fused:
-            g[:] = 0.0
-        g[lab[0]] -= ze * invZ
-        for i in range(io0, io1 + 1):
-            g[lab[i + 1]] -= a_o[i] * bo[i] * (fb[i // BW] * invZ)
-        if t == 0:
-            break
-        # emission-inclusive beta at t over the band of t, then beta' at t - 1
-        eb = E[t, 0]
-        el = E[t]
-        nbad = 0
-        for i in range(ie0, ie1 + 1):
-            bv = be[i]
-            v = bv * eb
-            ie_[i] = v
-            nbad += (bv > 0.0) & (eb > 0.0) & (v < TINY)
-        for i in range(io0, io1 + 1):
-            bv = bo[i]
-            e = el[i + 1]
-            v = bv * e
-            io_[i] = v
-            nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
-        KB2[:] = KZ
-        lo = max(0, K - 2 * (Tb - t + 1))
-        hi = min(K - 1, 2 * t - 1)
-        je0, je1 = (lo + 1) // 2, hi // 2
-        jo0, jo1 = lo // 2, (hi - 1) // 2
-        for j in range(min(je0, jo0) // BW, max(je1, jo1) // BW + 1):
-            base = j * BW
-            top = base + BW - 1
-            # at the exponent of t (an all-zero block: its upper neighbour's); the upper
-            # neighbour's first states enter scaled by f
-            ku = KB[j + 1] if j + 1 < nb else KZ
-            kj = KB[j] if KB[j] != KZ else (ku if ku != KZ else 0)
-            f = 0.0
-            if ku != KZ:
-                nbad += (ku - kj) > 1000
-                f = _p2(ku - kj)
-            m = 0.0
-            a0 = max(je0, base)
-            a1 = min(je1, top)
-            for i in range(a0, a1 + 1):
-                v = ie_[i] + (io_[i] if i < Lb else 0.0)
-                be2[i] = v
-                m = max(m, v)
-            b0 = max(jo0, base)
-            b1 = min(jo1, top)
-            for i in range(b0, b1 + 1):
-                po = ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
-                v = io_[i] + po * (f if i == top else 1.0)
-                bo2[i] = v
-                nbad += (po > 0.0) & (v < TINY)
-                m = max(m, v)
-            if m > 0.0:
-                ex_ = _expo(m)
-                sc = _p2(-ex_)
-                KB2[j] = kj + ex_
+        KB[(Lb - 1) >> bsh] = 0
+    for sg in range(nseg - 1, -1, -1):
+        t0 = sg * S
+        t1 = min(Tb, t0 + S)
+        if sg < nseg - 1:  # the last segment is still in the ring
+            AE[0] = CE[sg]
+            AO[0] = CO[sg]
+            KA[0] = CK[sg]
+            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, False, False, grad,
+                        t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+        for t in range(t1 - 1, t0 - 1, -1):
+            r = t - t0
+            lo = max(0, K - 2 * (Tb - t))
+            hi = min(K - 1, 2 * t + 1)
+            ie0, ie1 = (lo + 1) // 2, hi // 2
+            io0, io1 = lo // 2, (hi - 1) // 2
+            j0 = min(ie0, io0) >> bsh
+            j1 = max(ie1, io1) >> bsh
+            a_e = AE[r]
+            a_o = AO[r]
+            ka = KA[r]
+            kmax = KZ
+            for j in range(j0, j1 + 1):
+                if ka[j] != KZ and KB[j] != KZ:
+                    kmax = max(kmax, ka[j] + KB[j])
+            if kmax == KZ:
+                return FALLBACK
+            for j in range(j0, j1 + 1):
+                fb[j] = _p2(ka[j] + KB[j] - kmax) if (ka[j] != KZ and KB[j] != KZ) else 0.0
+            ze = 0.0
+            zo = 0.0
+            for j in range(j0, j1 + 1):
+                fj = fb[j]
+                base = j << bsh
+                for i in range(max(ie0, base), min(ie1, base + bw - 1) + 1):
+                    ze += a_e[i] * be[i] * fj
+                for i in range(max(io0, base), min(io1, base + bw - 1) + 1):
+                    zo += a_o[i] * bo[i] * fj
+            Z = ze + zo
+            if not Z >= Z_MIN:
+                return FALLBACK
+            invZ = 1.0 / Z
+            g = _row(grad, tb_layout, t, b)
+            if not fused:
+                g[:] = 0.0
+            g[lab[0]] -= ze * invZ
+            for i in range(io0, io1 + 1):
+                g[lab[i + 1]] -= a_o[i] * bo[i] * (fb[i >> bsh] * invZ)
+            if t == 0:
+                break
+            # emission-inclusive beta at t over the band of t, then beta' at t - 1
+            eb = E[r, 0]
+            el = E[r]
+            nbad = 0
+            for i in range(ie0, ie1 + 1):
+                bv = be[i]
+                v = bv * eb
+                ie_[i] = v
+                nbad += (bv > 0.0) & (eb > 0.0) & (v < TINY)
+            for i in range(io0, io1 + 1):
+                bv = bo[i]
+                e = el[i + 1]
+                v = bv * e
+                io_[i] = v
+                nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
+            KB2[:] = KZ
+            lo = max(0, K - 2 * (Tb - t + 1))
+            hi = min(K - 1, 2 * t - 1)
+            je0, je1 = (lo + 1) // 2, hi // 2
+            jo0, jo1 = lo // 2, (hi - 1) // 2
+            for j in range(min(je0, jo0) >> bsh, (max(je1, jo1) >> bsh) + 1):
+                base = j << bsh
+                top = base + bw - 1
+                # at the exponent of t (an all-zero block: its upper neighbour's); the upper
+                # neighbour's first states enter scaled by f
+                ku = KB[j + 1] if j + 1 < nb else KZ
+                kj = KB[j] if KB[j] != KZ else (ku if ku != KZ else 0)
+                f = 0.0
+                if ku != KZ:
+                    nbad += (ku - kj) > 1000
+                    f = _p2(ku - kj)
+                m = 0.0
+                a0 = max(je0, base)
+                a1 = min(je1, top)
                 for i in range(a0, a1 + 1):
-                    v = be2[i]
-                    u = v * sc
-                    be2[i] = u
-                    nbad += (v > 0.0) & (u < TINY)
+                    v = ie_[i] + (io_[i] if i < Lb else 0.0)
+                    be2[i] = v
+                    m = max(m, v)
+                b0 = max(jo0, base)
+                b1 = min(jo1, top)
                 for i in range(b0, b1 + 1):
-                    v = bo2[i]
-                    u = v * sc
-                    bo2[i] = u
-                    nbad += (v > 0.0) & (u < TINY)
-        if nbad:
-            return FALLBACK
-        be, be2 = be2, be
-        bo, bo2 = bo2, bo
-        KB, KB2 = KB2, KB
+                    po = ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
+                    v = io_[i] + po * (f if i == top else 1.0)
+                    bo2[i] = v
+                    nbad += (po > 0.0) & (v < TINY)
+                    m = max(m, v)
+                if m > 0.0:
+                    ex_ = _expo(m)
+                    sc = _p2(-ex_)
+                    KB2[j] = kj + ex_
+                    for i in range(a0, a1 + 1):
+                        v = be2[i]
+                        u = v * sc
+                        be2[i] = u
+                        nbad += (v > 0.0) & (u < TINY)
+                    for i in range(b0, b1 + 1):
+                        v = bo2[i]
+                        u = v * sc
+                        bo2[i] = u
+                        nbad += (v > 0.0) & (u < TINY)
+            if nbad:
+                return FALLBACK
+            be, be2 = be2, be
+            bo, bo2 = bo2, bo
+            KB, KB2 = KB2, KB
     return FAST
 
 
@@ -567,8 +746,104 @@ def _renorm(v, k):
     return (mm if pos else 0.0), (k + ex if pos else KNEG)
 
 
+
+
 @njit(cache=True, error_model="numpy")
-def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss):
+def _ext_emissions(xr, lab, lse, em, ek):
+    """Extended-range emissions ``(em, ek)`` of one frame; False on a non-finite log-probability."""
+    nl = lab.shape[0]
+    for j in range(nl):
+        lp = xr[lab[j]] - lse
+        if lp == NEG_INF:
+            em[j] = 0.0
+            ek[j] = KNEG
+        elif lp != lp or lp == INF:
+            return False
+        else:
+            n = math.floor(lp * _LOG2E + 0.5)
+            r = (lp - n * _LN2_HI) - n * _LN2_LO
+            em[j] = _exp(r)
+            ek[j] = np.int64(n)
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1, lses,
+               Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
+    """Extended-range emissions and alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
+
+    ``first`` and the checkpoints as in ``_fast_alpha``. Returns False (first
+    sweep only) on a non-finite input.
+    """
+    nl = lab.shape[0]
+    Lb = nl - 1
+    K = 2 * Lb + 1
+    S = Em.shape[0]
+    nck = CEm.shape[0]
+    for t in range(t0, t1):
+        r = t % S
+        xr = _row(x, tb_layout, t, b)
+        lse = 0.0
+        if fused:
+            if first:
+                lse, s, m = _softmax_lse(xr, C, ex)
+                if not (m > NEG_INF and m < INF):
+                    return False
+                lses[t] = lse
+                if write_sm:
+                    _write_softmax(grad, tb_layout, t, b, C, ex, s)
+            else:
+                lse = lses[t]
+        if not _ext_emissions(xr, lab, lse, Em[r], Ek[r]) and first:
+            return False
+        nm_e, nk_e, nm_o, nk_o = AEm[r], AEk[r], AOm[r], AOk[r]
+        if t == t0:
+            if first:  # frame 0; the buffers are fresh (zeros, KNEG)
+                if K - 2 * Tb <= 0:
+                    nm_e[0], nk_e[0] = _renorm(Em[r, 0], Ek[r, 0])
+                if K > 1:
+                    nm_o[0], nk_o[0] = _renorm(Em[r, 1], Ek[r, 1])
+        else:
+            p = (t - 1) % S
+            lo = max(0, K - 2 * (Tb - t))
+            hi = min(K - 1, 2 * t + 1)
+            pm_e, pk_e, pm_o, pk_o = AEm[p], AEk[p], AOm[p], AOk[p]
+            em0 = Em[r, 0]
+            ek0 = Ek[r, 0]
+            for i in range((lo + 1) // 2, hi // 2 + 1):
+                k1 = pk_e[i]
+                k2 = pk_o[i - 1] if i >= 1 else KNEG
+                m2 = pm_o[i - 1] if i >= 1 else 0.0
+                kk = max(k1, k2)
+                w = pm_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+                nm_e[i], nk_e[i] = _renorm(w * em0, kk + ek0)
+            for i in range(lo // 2, (hi - 1) // 2 + 1):
+                k1 = pk_o[i]
+                k2 = pk_e[i]
+                k3 = pk_o[i - 1] if (i >= 1 and sk[i]) else KNEG
+                m3 = pm_o[i - 1] if (i >= 1 and sk[i]) else 0.0
+                kk = max(k1, max(k2, k3))
+                w = pm_o[i] * _pow2(k1 - kk) + pm_e[i] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
+                nm_o[i], nk_o[i] = _renorm(w * Em[r, i + 1], kk + Ek[r, i + 1])
+            # exact zeros at the two states above the band: frame t + 1 reads them
+            for s in range(hi + 1, min(hi + 3, K)):
+                if s % 2 == 0:
+                    nm_e[s // 2] = 0.0
+                    nk_e[s // 2] = KNEG
+                else:
+                    nm_o[s // 2] = 0.0
+                    nk_o[s // 2] = KNEG
+        if first and r == 0 and t // S < nck:
+            k = t // S
+            CEm[k] = nm_e
+            CEk[k] = nk_e
+            COm[k] = nm_o
+            COk[k] = nk_o
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss, seg):
     """CTC of one sequence in extended-range probability arithmetic (``T_b >= 1``).
 
     Exact for any finite input (log-probabilities of any magnitude, ``-inf``
@@ -580,76 +855,33 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     Lb = nl - 1
     K = 2 * Lb + 1
     no = max(Lb, 1)
-    Em = np.empty((Tb, nl))
-    Ek = np.empty((Tb, nl), np.int64)
+    S = _seg_len(Tb, 16 * (nl + nl + no), compute_grad, seg)
+    nseg = (Tb + S - 1) // S
+    nck = nseg - 1 if compute_grad else 0
+    lses = np.empty(Tb if fused else 0)
     ex = np.empty(C if fused else 0)
-    for t in range(Tb):
-        xr = _row(x, tb_layout, t, b)
-        lse = 0.0
-        if fused:
-            m = _max(xr)
-            if not (m > NEG_INF and m < INF):
-                return FALLBACK
-            for c in range(C):
-                ex[c] = _exp(xr[c] - m)
-            s = _sum(ex, C)
-            lse = m + math.log(s)
-            if compute_grad:
-                inv = 1.0 / s
-                g = _row(grad, tb_layout, t, b)
-                for c in range(C):
-                    g[c] = ex[c] * inv
-        for j in range(nl):
-            lp = xr[lab[j]] - lse
-            if lp == NEG_INF:
-                Em[t, j] = 0.0
-                Ek[t, j] = KNEG
-            elif lp != lp or lp == INF:
-                return FALLBACK
-            else:
-                n = math.floor(lp * _LOG2E + 0.5)
-                r = (lp - n * _LN2_HI) - n * _LN2_LO
-                Em[t, j] = _exp(r)
-                Ek[t, j] = np.int64(n)
     sk = np.zeros(nl, np.bool_)
     for i in range(1, Lb):
         sk[i] = lab[i + 1] != lab[i]
-
-    AEm = np.zeros((Tb, nl))
-    AEk = np.full((Tb, nl), KNEG, np.int64)
-    AOm = np.zeros((Tb, no))
-    AOk = np.full((Tb, no), KNEG, np.int64)
-    if K - 2 * Tb <= 0:
-        AEm[0, 0], AEk[0, 0] = _renorm(Em[0, 0], Ek[0, 0])
-    if K > 1:
-        AOm[0, 0], AOk[0, 0] = _renorm(Em[0, 1], Ek[0, 1])
-    for t in range(1, Tb):
-        lo = max(0, K - 2 * (Tb - t))
-        hi = min(K - 1, 2 * t + 1)
-        pm_e, pk_e, pm_o, pk_o = AEm[t - 1], AEk[t - 1], AOm[t - 1], AOk[t - 1]
-        nm_e, nk_e, nm_o, nk_o = AEm[t], AEk[t], AOm[t], AOk[t]
-        em0 = Em[t, 0]
-        ek0 = Ek[t, 0]
-        for i in range((lo + 1) // 2, hi // 2 + 1):
-            k1 = pk_e[i]
-            k2 = pk_o[i - 1] if i >= 1 else KNEG
-            m2 = pm_o[i - 1] if i >= 1 else 0.0
-            kk = max(k1, k2)
-            w = pm_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
-            nm_e[i], nk_e[i] = _renorm(w * em0, kk + ek0)
-        for i in range(lo // 2, (hi - 1) // 2 + 1):
-            k1 = pk_o[i]
-            k2 = pk_e[i]
-            k3 = pk_o[i - 1] if (i >= 1 and sk[i]) else KNEG
-            m3 = pm_o[i - 1] if (i >= 1 and sk[i]) else 0.0
-            kk = max(k1, max(k2, k3))
-            w = pm_o[i] * _pow2(k1 - kk) + pm_e[i] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
-            nm_o[i], nk_o[i] = _renorm(w * Em[t, i + 1], kk + Ek[t, i + 1])
-    k1 = AEk[Tb - 1, Lb]
-    k2 = AOk[Tb - 1, Lb - 1] if Lb >= 1 else KNEG
-    m2 = AOm[Tb - 1, Lb - 1] if Lb >= 1 else 0.0
+    Em = np.empty((S, nl))
+    Ek = np.empty((S, nl), np.int64)
+    AEm = np.zeros((S, nl))
+    AEk = np.full((S, nl), KNEG, np.int64)
+    AOm = np.zeros((S, no))
+    AOk = np.full((S, no), KNEG, np.int64)
+    CEm = np.empty((nck, nl))
+    CEk = np.empty((nck, nl), np.int64)
+    COm = np.empty((nck, no))
+    COk = np.empty((nck, no), np.int64)
+    if not _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, True, compute_grad, grad, 0, Tb, lses,
+                      Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
+        return FALLBACK
+    rf = (Tb - 1) % S
+    k1 = AEk[rf, Lb]
+    k2 = AOk[rf, Lb - 1] if Lb >= 1 else KNEG
+    m2 = AOm[rf, Lb - 1] if Lb >= 1 else 0.0
     kk = max(k1, k2)
-    pf = AEm[Tb - 1, Lb] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+    pf = AEm[rf, Lb] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
     if not pf > 0.0:
         out_loss[b] = INF
         if compute_grad:
@@ -676,74 +908,87 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     bm_e[Lb], bk_e[Lb] = 1.0, 0
     if Lb >= 1:
         bm_o[Lb - 1], bk_o[Lb - 1] = 1.0, 0
-    for t in range(Tb - 1, -1, -1):
-        lo = max(0, K - 2 * (Tb - t))
-        hi = min(K - 1, 2 * t + 1)
-        ie0, ie1 = (lo + 1) // 2, hi // 2
-        io0, io1 = lo // 2, (hi - 1) // 2
-        am_e, ak_e, am_o, ak_o = AEm[t], AEk[t], AOm[t], AOk[t]
-        kmax = KNEG
-        for i in range(ie0, ie1 + 1):
-            gk_e[i] = ak_e[i] + bk_e[i]
-            kmax = max(kmax, gk_e[i])
-        for i in range(io0, io1 + 1):
-            gk_o[i] = ak_o[i] + bk_o[i]
-            kmax = max(kmax, gk_o[i])
-        ze = 0.0
-        for i in range(ie0, ie1 + 1):
-            ze += am_e[i] * bm_e[i] * _pow2(gk_e[i] - kmax)
-        zo = 0.0
-        for i in range(io0, io1 + 1):
-            zo += am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax)
-        Z = ze + zo
-        if not Z > 0.0:
-            return FALLBACK
-        invZ = 1.0 / Z
-        g = _row(grad, tb_layout, t, b)
-        if not fused:
-            g[:] = 0.0
-        g[lab[0]] -= ze * invZ
-        for i in range(io0, io1 + 1):
-            g[lab[i + 1]] -= am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax) * invZ
-        if t == 0:
-            break
-        em0 = Em[t, 0]
-        ek0 = Ek[t, 0]
-        for i in range(ie0, ie1 + 1):
-            im_e[i] = bm_e[i] * em0
-            ik_e[i] = bk_e[i] + ek0
-        for i in range(io0, io1 + 1):
-            im_o[i] = bm_o[i] * Em[t, i + 1]
-            ik_o[i] = bk_o[i] + Ek[t, i + 1]
-        lo = max(0, K - 2 * (Tb - t + 1))
-        hi = min(K - 1, 2 * t - 1)
-        for i in range((lo + 1) // 2, hi // 2 + 1):
-            k1 = ik_e[i]
-            k2 = ik_o[i] if i < Lb else KNEG
-            m2 = im_o[i] if i < Lb else 0.0
-            kk = max(k1, k2)
-            w = im_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
-            cm_e[i], ck_e[i] = _renorm(w, kk)
-        for i in range(lo // 2, (hi - 1) // 2 + 1):
-            k1 = ik_o[i]
-            k2 = ik_e[i + 1]
-            ok3 = i + 1 < Lb and sk[i + 1]
-            k3 = ik_o[i + 1] if ok3 else KNEG
-            m3 = im_o[i + 1] if ok3 else 0.0
-            kk = max(k1, max(k2, k3))
-            w = im_o[i] * _pow2(k1 - kk) + im_e[i + 1] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
-            cm_o[i], ck_o[i] = _renorm(w, kk)
-        bm_e, cm_e = cm_e, bm_e
-        bk_e, ck_e = ck_e, bk_e
-        bm_o, cm_o = cm_o, bm_o
-        bk_o, ck_o = ck_o, bk_o
+    for sg in range(nseg - 1, -1, -1):
+        t0 = sg * S
+        t1 = min(Tb, t0 + S)
+        if sg < nseg - 1:  # the last segment is still in the ring
+            AEm[0] = CEm[sg]
+            AEk[0] = CEk[sg]
+            AOm[0] = COm[sg]
+            AOk[0] = COk[sg]
+            _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, False, False, grad, t0, t1, lses,
+                       Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex)
+        for t in range(t1 - 1, t0 - 1, -1):
+            r = t - t0
+            lo = max(0, K - 2 * (Tb - t))
+            hi = min(K - 1, 2 * t + 1)
+            ie0, ie1 = (lo + 1) // 2, hi // 2
+            io0, io1 = lo // 2, (hi - 1) // 2
+            am_e, ak_e, am_o, ak_o = AEm[r], AEk[r], AOm[r], AOk[r]
+            kmax = KNEG
+            for i in range(ie0, ie1 + 1):
+                gk_e[i] = ak_e[i] + bk_e[i]
+                kmax = max(kmax, gk_e[i])
+            for i in range(io0, io1 + 1):
+                gk_o[i] = ak_o[i] + bk_o[i]
+                kmax = max(kmax, gk_o[i])
+            ze = 0.0
+            for i in range(ie0, ie1 + 1):
+                ze += am_e[i] * bm_e[i] * _pow2(gk_e[i] - kmax)
+            zo = 0.0
+            for i in range(io0, io1 + 1):
+                zo += am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax)
+            Z = ze + zo
+            if not Z > 0.0:
+                return FALLBACK
+            invZ = 1.0 / Z
+            g = _row(grad, tb_layout, t, b)
+            if not fused:
+                g[:] = 0.0
+            g[lab[0]] -= ze * invZ
+            for i in range(io0, io1 + 1):
+                g[lab[i + 1]] -= am_o[i] * bm_o[i] * _pow2(gk_o[i] - kmax) * invZ
+            if t == 0:
+                break
+            em0 = Em[r, 0]
+            ek0 = Ek[r, 0]
+            for i in range(ie0, ie1 + 1):
+                im_e[i] = bm_e[i] * em0
+                ik_e[i] = bk_e[i] + ek0
+            for i in range(io0, io1 + 1):
+                im_o[i] = bm_o[i] * Em[r, i + 1]
+                ik_o[i] = bk_o[i] + Ek[r, i + 1]
+            lo = max(0, K - 2 * (Tb - t + 1))
+            hi = min(K - 1, 2 * t - 1)
+            for i in range((lo + 1) // 2, hi // 2 + 1):
+                k1 = ik_e[i]
+                k2 = ik_o[i] if i < Lb else KNEG
+                m2 = im_o[i] if i < Lb else 0.0
+                kk = max(k1, k2)
+                w = im_e[i] * _pow2(k1 - kk) + m2 * _pow2(k2 - kk)
+                cm_e[i], ck_e[i] = _renorm(w, kk)
+            for i in range(lo // 2, (hi - 1) // 2 + 1):
+                k1 = ik_o[i]
+                k2 = ik_e[i + 1]
+                ok3 = i + 1 < Lb and sk[i + 1]
+                k3 = ik_o[i + 1] if ok3 else KNEG
+                m3 = im_o[i + 1] if ok3 else 0.0
+                kk = max(k1, max(k2, k3))
+                w = im_o[i] * _pow2(k1 - kk) + im_e[i + 1] * _pow2(k2 - kk) + m3 * _pow2(k3 - kk)
+                cm_o[i], ck_o[i] = _renorm(w, kk)
+            bm_e, cm_e = cm_e, bm_e
+            bk_e, ck_e = ck_e, bk_e
+            bm_o, cm_o = cm_o, bm_o
+            bk_o, ck_o = ck_o, bk_o
     return FAST
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode, b):
+def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode,
+             seg, b):
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
+    ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
     Updates: ``loss[b]`` (float64), ``status[b]`` (FAST / EXTENDED / FALLBACK /
     INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``.
     Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
@@ -767,12 +1012,12 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
         return
     st = FALLBACK
     if mode == 0:
-        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
     if st == FALLBACK and mode <= 1:
-        st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss)
+        st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
         st = EXTENDED if st == FAST else st
     if st == FALLBACK:
-        loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad)
+        loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg)
     status[b] = st
 
 
@@ -871,7 +1116,7 @@ def ctc_loss_forward(
     if B > 0:
         mode = {"auto": 0, "extended": 1, "logspace": 2}[_path]
         _run_batch((xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
-                    bool(compute_grad), gview, loss, status, mode), B)
+                    bool(compute_grad), gview, loss, status, mode, int(_SEGMENT_OVERRIDE)), B)
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended"}
         _status.extend(names[int(s)] for s in status)
