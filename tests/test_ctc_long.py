@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("numba")
 from seqloss.ctc import reference as rk  # noqa: E402
-from seqloss.kernels.numba_cpu import ctc as nk  # noqa: E402
+from seqloss.ctc import numba_cpu as nk  # noqa: E402
 from seqloss.testing import assert_close_budget  # noqa: E402
 
 

@@ -5,9 +5,9 @@ pure-PyTorch reference otherwise. An explicitly requested backend that is not
 available raises; nothing ever falls back silently. The environment variable
 ``SEQLOSS_BACKEND`` sets the default for ``backend="auto"``.
 
-Every backend module ``seqloss.kernels.<backend>.<family>`` (or
-``seqloss.reference.<family>``) exposes the same functions with the same
-signatures, so the callers never branch on the backend.
+Every backend module of a family (``seqloss.<family>.reference``, ``.numba_cpu``,
+``.triton_cuda``) exposes the same functions with the same signatures, so the
+callers never branch on the backend.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ _MODULES = {
         "align": "seqloss.align",
     }.items()
 }
-# The Numba CTC kernel still lives in the old kernels package.
-_MODULES["ctc"]["numba"] = "seqloss.kernels.numba_cpu.ctc"
 
 
 # Looked up once at import (find_spec does not import the package); a plain dict

@@ -73,15 +73,15 @@ def run_jobs(fn: Callable[..., None], args: tuple, jobs: Sequence[int],
     Returns when every job has run; an exception raised by ``fn`` stops the
     remaining jobs and is re-raised once the running ones have finished.
     """
+    n = max(1, min(torch.get_num_threads(), len(jobs)))
+    if n == 1:  # the common small-batch case: no ordering, no pool
+        for job in jobs:
+            fn(*args, job)
+        return
     todo = list(jobs)
     if order is not None:
         rank = np.argsort(-np.asarray(order, dtype=np.float64), kind="stable")
         todo = [todo[i] for i in rank.tolist()]
-    n = max(1, min(torch.get_num_threads(), len(todo)))
-    if n == 1:
-        for job in todo:
-            fn(*args, job)
-        return
     shared = iter(todo)
 
     def work() -> None:

@@ -62,12 +62,12 @@ forward alone keeps two rows.
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from numba import njit
+
+from .._core.numba_pool import run_jobs
 
 NEG_INF = -np.inf
 INF = np.inf
@@ -1022,47 +1022,16 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
 
 
 # --------------------------------------------------------------------------- entry point
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _forget_pool() -> None:
-    # A forked child inherits the pool object but not its threads: start afresh.
-    global _POOL
-    _POOL = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
 def _run_batch(args: tuple, B: int) -> None:
-    """Run ``_ctc_seq`` for every sequence, on ``torch.get_num_threads()`` threads.
+    """Run ``_ctc_seq`` for every sequence on the shared pool, longest first.
 
     Why a thread pool and not ``prange``: a ``parallel=True`` driver around these
     functions took 25-45 s to compile (parfor lowering) on top of their own ~20 s,
-    on every fresh install and for each dtype; the GIL-free per-sequence function
-    gives the same parallelism over the batch (sequences are independent, so the
-    result does not depend on the schedule: bit-deterministic).
+    on every fresh install and for each dtype, and OpenMP's threads hang forked
+    DataLoader workers; GIL-free per-sequence calls give the same parallelism over
+    the batch (sequences are independent: bit-deterministic whatever the schedule).
     """
-    global _POOL
-    n = max(1, min(torch.get_num_threads(), B))
-    if n == 1:
-        for b in range(B):
-            _ctc_seq(*args, b)
-        return
-    if _POOL is None or _POOL._max_workers < n - 1:  # noqa: SLF001
-        _POOL = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="seqloss-ctc")
-    # Longest sequences first, so a long one does not start last and run alone. The
-    # caller's thread works too (n - 1 pool workers): no idle hand-off per call.
-    todo = iter(np.argsort(-args[3], kind="stable").tolist())
-
-    def work() -> None:
-        for b in todo:  # next() on a list iterator is atomic under the GIL
-            _ctc_seq(*args, b)
-
-    helpers = [_POOL.submit(work) for _ in range(n - 1)]
-    work()
-    for h in helpers:
-        h.result()
+    run_jobs(_ctc_seq, args, range(B), order=args[3])
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -1,1 +1,0 @@
-"""Compiled backends: Numba on CPU, Triton on CUDA; each imported lazily by ``_dispatch``."""

@@ -1,1 +1,0 @@
-"""Numba CPU kernels (parallel over the batch); each module mirrors ``seqloss.reference.<family>``."""
