@@ -1,9 +1,12 @@
-"""torch.library registrations: op schemas, fake kernels, autograd.
+"""The op boundary shared by every loss: how an op is called, and what its backward returns.
 
-Each loss is one custom op returning per-sequence ``(loss, grad)``: the gradient
-is computed in the forward pass (function merging, as torchaudio does) and the
-backward only scales it by the incoming per-sequence gradient. The backend is a
-string argument, resolved before the call, so tests can force the Triton kernels
+Each loss is one op returning per-sequence ``(loss, grad)``: the gradient is computed
+in the forward pass (function merging, as torchaudio does) and the backward only
+scales it by the incoming per-sequence gradient (``grad_to_hand_on``). The op is a
+``torch.library`` custom op (fake kernel, autograd formula) for the compiler, and
+the same implementation behind a plain ``autograd.Function`` in eager mode
+(``call_loss_op``: the library's Python dispatch costs ~30 us a call). The backend is
+a string argument, resolved before the call, so tests can force the Triton kernels
 on CPU tensors under ``TRITON_INTERPRET=1``.
 
 Value checks (lengths, ids) run inside the op implementations: those run eagerly
@@ -120,7 +123,7 @@ def poison_nonfinite(
     updated in place. On CPU the masking is skipped when nothing is bad; on CUDA it
     always runs, so no device-to-host sync happens here.
     """
-    frame_max = log_probs.amax(dim=-1)  # time and batch axes remain
+    frame_max = log_probs.detach().amax(dim=-1)  # time and batch axes remain
     if checks.host_side(log_probs):
         fm = frame_max.numpy() if frame_max.dtype in (torch.float32, torch.float64) else (
             frame_max.float().numpy())
