@@ -15,13 +15,17 @@ another program of the same launch writes, so no race exists by construction (th
 interpreter, which runs programs one after another, could not reveal one):
 
 1. ``joint_normalizer_kernel``: one program per block of rows ``(b, t, u)`` of the
-   joint. It reads only its own rows of the logits and writes only its own rows of
+   joint (padded: of the ``(B, T, U+1)`` grid; packed: of the ``N`` rows themselves,
+   each row's sequence from a device-side map, so that no extent of the batch is
+   read on the host: ``validate=False`` does no device-to-host sync). It reads only
+   its own rows of the logits and writes only its own rows of
    the arc grids, the normalizers and the NaN flags: the token block's online
    log-sum-exp, kept as the split ``(m, log s)`` (fused only), the duration block's
    log-softmax (float64, small), each arc's score, and a per-row NaN/``+inf`` flag
    over every class.
 2. ``transducer_alpha_beta_kernel`` (``..lattice.triton_cuda``), grid ``(B, 2)``, in
-   float64 on the arc grids of launch 1; its race-freedom is argued there.
+   float64 on the arc grids of launch 1 (packed: on the packed rows, with alpha and
+   beta in per-sequence blocks); its race-freedom is argued there.
 3. ``joint_grad_kernel``: one program per block of rows; it reads alpha, beta,
    ``log p`` and the arc grids (written by launches 1 and 2, never by this one) and
    the logits of its own rows, and writes the gradient of its own rows only. Within a
@@ -34,7 +38,7 @@ interpreter, which runs programs one after another, could not reveal one):
    is deterministic.
 
 No logits-sized temporary: the log-softmax is never materialized (the normalizers
-are ``(B, T, U+1)``), and the gradient is the only logits-sized output (none with
+are ``(B, T, U+1)``, packed ``(N,)``), and the gradient is the only logits-sized output (none with
 ``grad_buffer=logits``).
 
 Accumulation: the logits-sized passes over the token block in float32 (float64 for
@@ -55,8 +59,8 @@ from ..lattice.triton_cuda import (
     _device_guard,
     _durations,
     _round_bf16,
-    _row_offset,
     transducer_alpha_beta,
+    transducer_alpha_beta_packed,
 )
 from .table import JointTable
 
@@ -96,17 +100,37 @@ def _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a, b_
     return tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
 
 
+@triton.jit
+def _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B):
+    """Sequence ``b = seq[r]`` and ``(t, u)`` of packed rows ``r = off[b] + t (U_b+1) + u``.
+
+    Also ``T_b``, ``U_b`` and the mask of the rows that belong to a sequence (all of
+    ``m_r`` when the lengths add up to ``N``).
+    """
+    i_b = tl.load(seq_ptr + i_r, mask=m_r, other=0)
+    m_b = m_r & (i_b < B)
+    T_b = tl.load(il_ptr + i_b, mask=m_b, other=0)
+    U_b = tl.load(tl_ptr + i_b, mask=m_b, other=0)
+    i_loc = i_r - tl.load(off_ptr + i_b, mask=m_b, other=0)
+    i_t = i_loc // (U_b + 1)
+    i_u = i_loc % (U_b + 1)
+    return i_b, i_t, i_u, T_b, U_b, m_b
+
+
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def joint_normalizer_kernel(
-    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, tab_ptr, par_ptr, ab_ptr, ae_ptr, nz_ptr, bad_ptr,
-    B, T, U1, V, D,
+    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, tab_ptr, par_ptr, ab_ptr, ae_ptr, nz_ptr,
+    bad_ptr, B, T, U1, NR, V, D,
     sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r"""The prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+
+    ``PACKED``: ``r`` is the row of the ``(N, V + D)`` logits, ``b = seq[r]`` and
+    ``r = off[b] + t (U_b+1) + u``; the arc grids, normalizers and flags are per row.
 
     One read of the rows that sequence ``b`` reads (``t < T_b``, ``u <= U_b``). Token
     block (classes ``[0, V)``): ``log_z = m + log(s)``, ``m = max_v x[v]``,
@@ -127,22 +151,28 @@ def joint_normalizer_kernel(
     out of it.
 
     Updates:
-        arc_blank (B, T, U+1, NB): read rows.
-        norm (B, T, U+1, 2): ``(m, log s)`` of read rows (``m = 0`` for a row of ``-inf``).
-        arc_emit (B, T, U+1, NE): read rows with ``u < U_b``.
-        bad (B, T, U+1) int8: every row (0 off the read region).
+        arc_blank (B, T, U+1, NB) (packed: (N, NB)): read rows.
+        norm (B, T, U+1, 2) (packed: (N, 2)): ``(m, log s)`` of read rows (``m = 0``
+            for a row of ``-inf``).
+        arc_emit (B, T, U+1, NE) (packed: (N, NE)): read rows with ``u < U_b``.
+        bad (B, T, U+1) (packed: (N,)) int8: every row (0 off the read region).
     """
     ACC = tl.float64 if FP64 else tl.float32
     LAT = ab_ptr.dtype.element_ty  # the lattice's dtype (float64)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_r = i_r < B * T * U1
-    i_b = i_r // (T * U1)
-    i_t = (i_r // U1) % T
-    i_u = i_r % U1
-    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
-    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
-    m_row = m_r & (i_t < T_b) & (i_u <= U_b)
-    p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sx_b, sx_t, sx_u, PACKED)
+    m_r = i_r < NR
+    if PACKED:
+        i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
+        m_row = m_b & (i_t < T_b)
+        p_x = x_ptr + i_r * sx_b
+    else:
+        i_b = i_r // (T * U1)
+        i_t = (i_r // U1) % T
+        i_u = i_r % U1
+        T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+        U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+        m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+        p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
 
     b_m = tl.full([BLOCK_R], float("-inf"), ACC)
     b_s = tl.zeros([BLOCK_R], ACC)
@@ -209,15 +239,18 @@ def joint_normalizer_kernel(
 
 @triton.jit
 def joint_grad_kernel(
-    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, tab_ptr, bd_ptr, ed_ptr, par_ptr,
-    ab_ptr, ae_ptr, nz_ptr, alpha_ptr, beta_ptr, ll_ptr, bad_ptr,
-    B, T, U1, V, D,
+    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, soff_ptr, tab_ptr, bd_ptr, ed_ptr,
+    par_ptr, ab_ptr, ae_ptr, nz_ptr, alpha_ptr, beta_ptr, ll_ptr, bad_ptr,
+    B, T, U1, NR, V, D,
     sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
     BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r"""The epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
+
+    (``PACKED``: rows of the ``(N, V + D)`` logits, as in the normalizer; alpha and
+    beta of ``(t, u)`` at ``soff[b] + t (U_b+1) + u``.)
 
     The row's arc occupations (float64, from alpha, beta, the arcs and ``log p``)::
 
@@ -247,7 +280,7 @@ def joint_grad_kernel(
     it, so ``g`` may alias ``x``.
 
     Updates:
-        grad: padded: every row of the tensor; packed: every row of the grid's sequences.
+        grad: every row of the tensor.
     """
     ACC = tl.float64 if FP64 else tl.float32
     LAT = ab_ptr.dtype.element_ty  # float64
@@ -258,13 +291,25 @@ def joint_grad_kernel(
     clamp = clamp_l.to(ACC)
     grad_scale = scale_l.to(ACC)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_r = i_r < B * T * U1
-    i_b = i_r // (T * U1)
-    i_t = (i_r // U1) % T
-    i_u = i_r % U1
-    T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
-    U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
-    m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+    m_r = i_r < NR
+    if PACKED:
+        i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
+        m_row = m_b & (i_t < T_b)
+        U1_s = U_b + 1  # the sequence's lattice row length
+        o_st = tl.load(soff_ptr + i_b, mask=m_b, other=0) + i_t * U1_s + i_u
+        p_x = x_ptr + i_r * sx_b
+        p_g = g_ptr + i_r * sg_b
+    else:
+        i_b = i_r // (T * U1)
+        i_t = (i_r // U1) % T
+        i_u = i_r % U1
+        T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+        U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+        m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+        U1_s = U1
+        o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
+        p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
+        p_g = g_ptr + i_b * sg_b + i_t * sg_t + i_u * sg_u
     b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
     b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0)
     m_nan = m_row & (b_bad != 0)
@@ -274,7 +319,6 @@ def joint_grad_kernel(
     m_e = m_occ & (i_u < U_b)
     b_ll = tl.where(m_occ, b_ll, 0.0)
 
-    o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
     b_a = tl.load(alpha_ptr + o_st, mask=m_occ, other=float("-inf"))
     o_d = tl.arange(0, BLOCK_D)
     # Occupations landing on each duration logit (float64), and the totals.
@@ -282,7 +326,7 @@ def joint_grad_kernel(
     b_tot = tl.zeros([BLOCK_R], LAT)
     b_o0 = tl.zeros([BLOCK_R], LAT)
     for i in tl.static_range(NB):
-        b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a, b_ll,
+        b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a, b_ll,
                                 m_occ, i, NB)
         if i == 0:
             b_o0 = b_o  # kept for the token loop (RNN-T's only blank arc: no recomputation)
@@ -298,7 +342,7 @@ def joint_grad_kernel(
         else:
             m_a = m_e & (i_t + d < T_b)
         b_arc = tl.load(ae_ptr + i_r * NE + j, mask=m_a, other=float("-inf"))
-        b_beta = tl.load(beta_ptr + o_st + d * U1 + 1, mask=m_a, other=float("-inf"))
+        b_beta = tl.load(beta_ptr + o_st + d * U1_s + 1, mask=m_a, other=float("-inf"))
         b_o = tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
         b_o = b_o * emit_scale  # FastEmit: (1 + λ) on every emission's occupation
         b_oe = b_oe + b_o
@@ -314,14 +358,9 @@ def joint_grad_kernel(
         m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
         b_ls = tl.where(m_lz, b_ls, 0.0)
         b_w = b_tot.to(ACC)
-    p_x = x_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_occ, sx_b, sx_t, sx_u, PACKED)
-    p_g = g_ptr + _row_offset(i_b, i_t, i_u, U_b, off_ptr, m_row, sg_b, sg_t, sg_u, PACKED)
-    # Padded: every row of the tensor is written (zeros on padding). Packed: the
-    # grid's rows past a sequence's lengths are no rows of the tensor.
-    if PACKED:
-        m_st = m_row
-    else:
-        m_st = m_r
+    # Every row of the tensor is written (zeros on padding, and on packed rows that no
+    # sequence's lengths reach).
+    m_st = m_r
     n_v = tl.where(tl.max(m_st.to(tl.int32), axis=0) > 0, V, 0)
     for v0 in range(0, n_v, BLOCK_V):
         o_v = v0 + tl.arange(0, BLOCK_V)
@@ -337,7 +376,7 @@ def joint_grad_kernel(
             if i == 0:
                 b_o = b_o0
             else:
-                b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1, b_a,
+                b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a,
                                         b_ll, m_occ, i, NB)
             b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i), b_o.to(ACC)[:, None], 0.0)
         b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
@@ -428,20 +467,19 @@ def joint_loss_forward(
     # there; the logits-sized passes stay in float32.
     lat = torch.float64
     if packed:
-        # The packed layout needs its grid's extent on the host (validation synced already).
-        T = int(il.max()) if B else 0
-        U1 = int(tlen.max()) + 1 if B else 1
-        rows = il * (tlen + 1)
-        off = (torch.cumsum(rows, 0) - rows).contiguous()
+        # Packed coordinates: the grids run over the N rows, each row's sequence and
+        # (t, u) from device-side maps; no extent of the batch is read on the host.
+        N = logits.shape[0]
+        T, U1, NR = 0, 0, N  # T, U1 unused
         sx = (logits.stride(0), 0, 0, logits.stride(1))
     else:
         _, T, U1, _ = logits.shape
-        off = il  # unused
+        NR = B * T * U1
         sx = logits.stride()
     grad = None
     if compute_grad:
         grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
-    if B == 0 or T == 0 or U1 == 0:
+    if B == 0 or NR == 0:
         # No frame anywhere: every sequence is infeasible and nothing is read.
         loss = torch.full((B,), float("inf"), dtype=acc, device=device)
         if grad is None:
@@ -449,11 +487,28 @@ def joint_loss_forward(
         return loss, grad.zero_()
 
     tg = targets.to(device=device, dtype=torch.int64)
-    if tg.shape[1] == 0:
+    S = tg.shape[1]
+    if packed:
+        rows = il * (tlen + 1)
+        ends = torch.cumsum(rows, 0)
+        off = ends - rows  # sequence b's first row
+        # seq[r] = b with off[b] <= r < ends[b] (B for rows past every sequence).
+        seq = torch.searchsorted(ends, torch.arange(N, dtype=torch.int64, device=device),
+                                 right=True)
+        # Sequence b's lattice: (T_b + 1)(U_b + 1) = rows_b + U_b + 1 states, packed.
+        # N + B (S + 1) bounds them all (U_b <= S), from shapes only.
+        states = tlen + 1
+        soff = off + torch.cumsum(states, 0) - states
+        num_states = N + B * (S + 1)
+        # U_b + 1 <= S + 1, and <= rows_b <= N where T_b >= 1 (the only lanes read).
+        max_u1 = min(S + 1, N)
+    else:
+        off = seq = soff = il  # unused
+    if S == 0:
         tg = torch.zeros((B, 1), dtype=torch.int64, device=device)  # never read
     block_r, block_v = _row_blocks(V)
     block_d = max(2, triton.next_power_of_2(max(D, 1)))
-    grid = (triton.cdiv(B * T * U1, block_r),)
+    grid = (triton.cdiv(NR, block_r),)
     tab = _table_tensor(table, device)
     bd = _durations(table.blank_durations, device)
     ed = _durations(table.emit_durations, device)
@@ -465,29 +520,42 @@ def joint_loss_forward(
     par[3] = float(table.sigma)
     consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
                   BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
+    # Per row: padded (B, T, U+1, .), packed (N, .).
+    row_shape = (N,) if packed else (B, T, U1)
     with _device_guard(logits):
-        arc_blank = torch.empty((B, T, U1, NB), dtype=lat, device=device)
-        arc_emit = torch.empty((B, T, U1, NE), dtype=lat, device=device)
+        arc_blank = torch.empty((*row_shape, NB), dtype=lat, device=device)
+        arc_emit = torch.empty((*row_shape, NE), dtype=lat, device=device)
         norm = arc_blank  # unused when not fused
         if fused_log_softmax:
-            norm = torch.empty((B, T, U1, 2), dtype=acc, device=device)
-        row_bad = torch.empty((B, T, U1), dtype=torch.int8, device=device)
+            norm = torch.empty((*row_shape, 2), dtype=acc, device=device)
+        row_bad = torch.empty(row_shape, dtype=torch.int8, device=device)
         joint_normalizer_kernel[grid](
-            logits, tg, il, tlen, off, tab, par, arc_blank, arc_emit, norm, row_bad,
-            B, T, U1, V, D, *sx, *tg.stride(), **consts,
+            logits, tg, il, tlen, off, seq, tab, par, arc_blank, arc_emit, norm, row_bad,
+            B, T, U1, NR, V, D, *sx, *tg.stride(), **consts,
         )
-        ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
-                                                table.blank_durations, table.emit_durations,
-                                                compute_grad, table.emit_can_end)
-        bad = row_bad.view(B, -1).amax(1) > 0
+        if packed:
+            ll, alpha, beta = transducer_alpha_beta_packed(
+                arc_blank, arc_emit, il, tlen, off, soff, num_states, max_u1,
+                table.blank_durations, table.emit_durations, compute_grad, table.emit_can_end)
+            # Flagged rows per sequence: differences of an exact integer prefix sum
+            # (deterministic; the clamp only guards lengths that overrun N).
+            n_bad = torch.cumsum(row_bad, 0, dtype=torch.int64)
+            n_bad = torch.cat([n_bad.new_zeros(1), n_bad])
+            bad = (n_bad[ends.clamp(max=N)] - n_bad[off.clamp(max=N)]) > 0
+        else:
+            ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
+                                                    table.blank_durations, table.emit_durations,
+                                                    compute_grad, table.emit_can_end)
+            bad = row_bad.view(B, -1).amax(1) > 0
         loss = torch.where(bad, NAN, -ll * scale).to(acc)
         if grad is None:
             return loss, logits.new_empty(0)
 
         sg = (grad.stride(0), 0, 0, grad.stride(1)) if packed else grad.stride()
         joint_grad_kernel[grid](
-            logits, grad, tg, il, tlen, off, tab, bd, ed, par, arc_blank, arc_emit, norm,
-            alpha, beta, ll, bad.to(torch.int8), B, T, U1, V, D, *sx, *sg, *tg.stride(),
+            logits, grad, tg, il, tlen, off, seq, soff, tab, bd, ed, par, arc_blank, arc_emit,
+            norm, alpha, beta, ll, bad.to(torch.int8), B, T, U1, NR, V, D, *sx, *sg,
+            *tg.stride(),
             EMIT_CAN_END=bool(table.emit_can_end), HAS_CLAMP=table.clamp > 0,
             BF16_OUT=grad.dtype == torch.bfloat16, **consts,
         )

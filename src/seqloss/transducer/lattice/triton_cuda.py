@@ -3,7 +3,9 @@ r"""The transducer lattice with Triton: CUDA, or CPU under ``TRITON_INTERPRET=1`
 Implements ``transducer_lattice`` of ``seqloss.transducer.lattice.reference`` (same
 signature and semantics: any blank and emission durations, ``emit_can_end``). The
 joint's prologue and epilogue (``seqloss.transducer.joint.triton_cuda``) reuse
-``transducer_alpha_beta`` and the helpers below.
+``transducer_alpha_beta`` (padded arcs) or ``transducer_alpha_beta_packed`` (arcs per
+packed row, alpha and beta in per-sequence blocks at device-side offsets: sized from
+shapes only, no device-to-host sync) and the helpers below.
 
 Launches, in stream order (each phase is its own launch, so no program ever
 reads what another program of the same launch writes):
@@ -12,7 +14,7 @@ reads what another program of the same launch writes):
    forward recursion of sequence ``b`` and program ``(b, 1)`` the backward one,
    concurrently (they share nothing); each walks the anti-diagonals
    ``n = t + u`` with the diagonal's states in the lanes and stores them to its
-   own ``(T+1, U+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
+   own ``(T_b+1, U_b+1)`` scratch. Grid ``(B, 1)`` (alpha only) without occupations.
 2. ``transducer_occupation_kernel``: one program per block of states
    ``(b, t, u)``, ``occ = exp(alpha + arc + beta(destination) - log p)``; it reads
    alpha and beta, written by the previous launch, and writes only its own states'
@@ -32,7 +34,7 @@ import triton.language as tl
 
 from ..._core.triton_compat import state_warps as _state_warps  # also: the interpreter fixes
 
-__all__ = ["transducer_alpha_beta", "transducer_lattice"]
+__all__ = ["transducer_alpha_beta", "transducer_alpha_beta_packed", "transducer_lattice"]
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -58,20 +60,6 @@ def _round_bf16(x):
     bits = x.to(tl.uint32, bitcast=True)
     bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _row_offset(i_b, i_t, i_u, U_b, off_ptr, m, s_b, s_t, s_u, PACKED: tl.constexpr):
-    """Element offset of row ``(b, t, u)``: padded ``(B, T, U+1, .)`` or packed ``(N, .)``.
-
-    Packed: sequence ``b``'s rows start at ``off[b]`` in ``(t, u)`` row-major order and
-    ``s_b`` is the row stride (``s_t``, ``s_u`` unused).
-    """
-    if PACKED:
-        off = tl.load(off_ptr + i_b, mask=m, other=0)
-        return (off + i_t * (U_b + 1) + i_u) * s_b
-    else:
-        return i_b * s_b + i_t * s_t + i_u * s_u
 
 
 # --------------------------------------------------------------------------- lattice
@@ -177,11 +165,11 @@ def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
 
 @triton.jit
 def transducer_alpha_beta_kernel(
-    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr,
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, off_ptr, soff_ptr, alpha_ptr, beta_ptr, ll_ptr,
     T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
     NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, FP64: tl.constexpr,
-    BLOCK_U: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_U: tl.constexpr,
 ):
     r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
 
@@ -196,10 +184,19 @@ def transducer_alpha_beta_kernel(
     ``t + u`` by ``d + (emission)`` >= 1, so a diagonal depends only on earlier
     diagonals (later ones for beta), possibly several back when durations exceed 1.
 
+    Layouts. Padded: arcs ``(B, T, U+1, .)`` (strides ``s_*_b, s_*_t, s_*_u, s_*_d``),
+    alpha and beta ``(B, T+1, U+1)``. ``PACKED``: arcs are packed rows ``(N, .)``,
+    sequence ``b``'s ``(t, u)`` at row ``off[b] + t (U_b+1) + u`` (``s_*_b`` = ``s_*_u``
+    the row stride, ``s_*_t`` unused), and alpha, beta are flat, sequence ``b``'s
+    ``(T_b+1) (U_b+1)`` states at ``soff[b] + t (U_b+1) + u``: no extent of the batch
+    is needed on the host.
+
     Race-freedom on a GPU: the predecessors of a lane's state live in other lanes
     (other threads), so each diagonal goes through the program's own scratch in
     global memory. (1) No other program touches it: one program per (sequence,
-    direction), and alpha and beta have separate scratch. (2) Each state is stored
+    direction), alpha and beta have separate scratch, and the sequences' blocks are
+    disjoint (packed: ``soff`` is the exclusive prefix sum of the block sizes).
+    (2) Each state is stored
     exactly once, on its diagonal, and the loads of diagonal ``n`` address only
     diagonals stored at earlier iterations, each of which ended with
     ``tl.debug_barrier()`` (``bar.sync``: the CTA's earlier global stores are
@@ -209,8 +206,8 @@ def transducer_alpha_beta_kernel(
     write-after-read one (no slot is reused).
 
     Updates:
-        alpha (B, T+1, U+1): ``log_alpha`` of the states ``t <= T_b``, ``u <= U_b``.
-        beta (B, T+1, U+1): ``log_beta`` of the same states (programs ``(b, 1)``).
+        alpha: ``log_alpha`` of the states ``t <= T_b``, ``u <= U_b``.
+        beta: ``log_beta`` of the same states (programs ``(b, 1)``).
         ll (B,): ``alpha(T_b, U_b)``, ``-inf`` when ``T_b = 0``.
     """
     ACC = tl.float64 if FP64 else tl.float32
@@ -219,15 +216,28 @@ def transducer_alpha_beta_kernel(
     T_b = tl.load(il_ptr + i_b)
     U_b = tl.load(tl_ptr + i_b)
     o_u = tl.arange(0, BLOCK_U)
-    p_ab = ab_ptr + i_b * s_ab_b + o_u * s_ab_u
-    p_ae = ae_ptr + i_b * s_ae_b + o_u * s_ae_u
-    o_seq = i_b * (T + 1) * U1
-    if i_dir == 0:
-        _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1, o_u,
-                    s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)
+    if PACKED:
+        U1_s = U_b + 1  # the sequence's own row length
+        o_row = tl.load(off_ptr + i_b)
+        p_ab = ab_ptr + o_row * s_ab_b + o_u * s_ab_u
+        p_ae = ae_ptr + o_row * s_ae_b + o_u * s_ae_u
+        s_ab_ts = U1_s * s_ab_b
+        s_ae_ts = U1_s * s_ae_b
+        o_seq = tl.load(soff_ptr + i_b)
     else:
-        _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1, o_u,
-                   s_ab_t, s_ab_d, s_ae_t, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)
+        U1_s = U1
+        p_ab = ab_ptr + i_b * s_ab_b + o_u * s_ab_u
+        p_ae = ae_ptr + i_b * s_ae_b + o_u * s_ae_u
+        s_ab_ts = s_ab_t
+        s_ae_ts = s_ae_t
+        o_seq = i_b * (T + 1) * U1
+    if i_dir == 0:
+        _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1_s,
+                    o_u, s_ab_ts, s_ab_d, s_ae_ts, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC,
+                    BLOCK_U)
+    else:
+        _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1_s, o_u,
+                   s_ab_ts, s_ab_d, s_ae_ts, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)
 
 
 @triton.jit
@@ -302,6 +312,27 @@ def _row_blocks(V: int) -> tuple[int, int]:
     return max(1, min(64, 4096 // block_v)), block_v
 
 
+def _launch_alpha_beta(arc_blank, arc_emit, il, tlen, off, soff, alpha, beta, ll, T, U1,
+                       max_u1, blank_durations, emit_durations, do_beta, emit_can_end,
+                       packed):  # noqa: ANN001, ANN202
+    device = arc_blank.device
+    block_u = max(16, triton.next_power_of_2(max_u1))
+    # A zero-size arc axis has no usable strides; nothing is loaded from it.
+    ae = arc_emit if arc_emit.numel() else arc_blank
+    if packed:
+        s_ab = (arc_blank.stride(0), 0, arc_blank.stride(0), arc_blank.stride(1))
+        s_ae = (ae.stride(0), 0, ae.stride(0), ae.stride(1))
+    else:
+        s_ab, s_ae = arc_blank.stride(), ae.stride()
+    transducer_alpha_beta_kernel[(il.shape[0], 2 if do_beta else 1)](
+        arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
+        il, tlen, off, soff, alpha, beta, ll, T, U1, *s_ab, *s_ae,
+        NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
+        FP64=arc_blank.dtype == torch.float64, PACKED=packed, BLOCK_U=block_u,
+        num_warps=_state_warps(block_u),
+    )
+
+
 def transducer_alpha_beta(
     arc_blank: torch.Tensor,
     arc_emit: torch.Tensor,
@@ -324,15 +355,39 @@ def transducer_alpha_beta(
     alpha = torch.empty((B, T + 1, U1), dtype=dt, device=device)
     beta = torch.empty((B, T + 1, U1), dtype=dt, device=device) if do_beta else alpha
     ll = torch.empty((B,), dtype=dt, device=device)
-    block_u = max(16, triton.next_power_of_2(U1))
-    # A zero-size arc axis has no usable strides; nothing is loaded from it.
-    ae = arc_emit if arc_emit.numel() else arc_blank
-    transducer_alpha_beta_kernel[(B, 2 if do_beta else 1)](
-        arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
-        il, tlen, alpha, beta, ll, T, U1, *arc_blank.stride(), *ae.stride(),
-        NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
-        FP64=dt == torch.float64, BLOCK_U=block_u, num_warps=_state_warps(block_u),
-    )
+    _launch_alpha_beta(arc_blank, arc_emit, il, tlen, il, il, alpha, beta, ll, T, U1, U1,
+                       blank_durations, emit_durations, do_beta, emit_can_end, False)
+    return ll, alpha, beta
+
+
+def transducer_alpha_beta_packed(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    il: torch.Tensor,
+    tlen: torch.Tensor,
+    row_offsets: torch.Tensor,
+    state_offsets: torch.Tensor,
+    num_states: int,
+    max_u1: int,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    do_beta: bool,
+    emit_can_end: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``transducer_alpha_beta`` on packed arcs ``(N, NB)``, ``(N, NE)``: no host sync.
+
+    Sequence ``b``'s arcs at rows ``row_offsets[b] + t (U_b+1) + u``; its alpha and beta
+    (flat, ``(num_states,)``) at ``state_offsets[b] + t (U_b+1) + u``, ``t <= T_b``.
+    ``num_states`` and ``max_u1 >= U_b + 1`` (every ``b`` with ``T_b >= 1``) are host
+    bounds from shapes only; ``B >= 1``.
+    """
+    dt = arc_blank.dtype
+    device = arc_blank.device
+    alpha = torch.empty((num_states,), dtype=dt, device=device)
+    beta = torch.empty((num_states,), dtype=dt, device=device) if do_beta else alpha
+    ll = torch.empty((il.shape[0],), dtype=dt, device=device)
+    _launch_alpha_beta(arc_blank, arc_emit, il, tlen, row_offsets, state_offsets, alpha, beta, ll,
+                       0, 0, max_u1, blank_durations, emit_durations, do_beta, emit_can_end, True)
     return ll, alpha, beta
 
 
