@@ -145,7 +145,7 @@ def test_threads_follow_torch_and_do_not_change_results():
     x, tg, il, tl = _inputs(40, 6, 5, 6, seed=10)
     lp = x.log_softmax(-1)
     seen = set()
-    real = nk._ctc_seq
+    real = nk._ctc_chunk
 
     def spy(*args):
         seen.add(threading.current_thread().name)
@@ -156,9 +156,9 @@ def test_threads_follow_torch_and_do_not_change_results():
         for n in (1, 2):
             torch.set_num_threads(n)
             seen.clear()
-            nk._ctc_seq = spy
+            nk._ctc_chunk = spy
             outs.append(nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True))
-            nk._ctc_seq = real
+            nk._ctc_chunk = real
             # One thread: the caller's; more: the pool's workers (how many of them pick
             # up work depends on the schedule, the results must not).
             if n == 1:
@@ -168,7 +168,7 @@ def test_threads_follow_torch_and_do_not_change_results():
                 assert seen and all(x == main or x.startswith("seqloss") for x in seen), seen
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     finally:
-        nk._ctc_seq = real
+        nk._ctc_chunk = real
         torch.set_num_threads(old)
 
 

@@ -1022,16 +1022,35 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
 
 
 # --------------------------------------------------------------------------- entry point
+@njit(nogil=True, cache=True, error_model="numpy")
+def _ctc_chunk(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status,
+               mode, seg, order, chunk, job):
+    """Sequences ``order[job * chunk : (job + 1) * chunk]``, one ``_ctc_seq`` each.
+
+    One dispatch from Python per chunk, not per sequence: a Numba call unboxes its
+    arguments under the GIL (~10 us for these), as long as a short sequence's whole
+    recursion, so per-sequence calls from a thread pool would mostly wait on the GIL.
+    """
+    for k in range(job * chunk, min(order.shape[0], (job + 1) * chunk)):
+        _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status,
+                 mode, seg, order[k])
+
+
 def _run_batch(args: tuple, B: int) -> None:
-    """Run ``_ctc_seq`` for every sequence on the shared pool, longest first.
+    """Run ``_ctc_seq`` for every sequence on the shared pool, longest first, in chunks.
 
     Why a thread pool and not ``prange``: a ``parallel=True`` driver around these
     functions took 25-45 s to compile (parfor lowering) on top of their own ~20 s,
     on every fresh install and for each dtype, and OpenMP's threads hang forked
-    DataLoader workers; GIL-free per-sequence calls give the same parallelism over
-    the batch (sequences are independent: bit-deterministic whatever the schedule).
+    DataLoader workers; GIL-free calls give the same parallelism over the batch
+    (sequences are independent: bit-deterministic whatever the schedule). Chunks of
+    sequences (about four per thread, longest first) keep the per-call overhead low
+    and the load balanced.
     """
-    run_jobs(_ctc_seq, args, range(B), order=args[3])
+    n = max(1, min(torch.get_num_threads(), B))
+    order = np.argsort(-args[3], kind="stable") if n > 1 else np.arange(B)
+    chunk = B if n == 1 else max(1, -(-B // (4 * n)))
+    run_jobs(_ctc_chunk, (*args, order, chunk), range(-(-B // chunk)))
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
