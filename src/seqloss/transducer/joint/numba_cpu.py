@@ -129,8 +129,9 @@ def joint_loss_forward(
             any_bad |= bool((~(m < float("inf"))).any())
             if not fused_log_softmax:
                 continue
-            xc = xc[..., :V]
-            m = xc.amax(-1).to(acc)
+            if D:  # the token block's own max (without a duration block it is m: no 2nd pass)
+                xc = xc[..., :V]
+                m = xc.amax(-1).to(acc)
             # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
             m = torch.where(m == NEG_INF, 0.0, m)
             if g is not None and not half:
