@@ -103,18 +103,6 @@ class JointTable:
     def blank_tokens(self) -> tuple[int, ...]:
         return tuple(int(a.token) for a in self.blank_arcs)  # type: ignore[arg-type]
 
-    @property
-    def width(self) -> int:
-        """Classes of the joint's last axis: ``V + D``."""
-        return self.num_tokens + self.num_durations
-
-    @property
-    def is_rnnt(self) -> bool:
-        """RNN-T's arcs exactly (one blank of duration 1, emissions of duration 0)."""
-        return (self.num_durations == 0 and len(self.blank_arcs) == 1
-                and len(self.emit_arcs) == 1 and self.blank_arcs[0].duration == 1
-                and self.emit_arcs[0].duration == 0 and not self.emit_can_end)
-
 
 def rnnt_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0) -> JointTable:
     """RNN-T (Graves, 2012): one blank advancing a frame, emissions advancing none."""
