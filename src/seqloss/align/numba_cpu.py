@@ -14,7 +14,7 @@ import numba
 import numpy as np
 import torch
 
-from .._core.numba_pool import run_jobs
+from .._core.numba_pool import own_lines, run_jobs
 
 
 @numba.njit(nogil=True, cache=True)
@@ -148,7 +148,7 @@ def ctc_align_forward(
         return labels, scores
     # One contiguous layout per dtype: each layout would be another Numba compilation.
     lp = log_probs.to(acc).contiguous()
-    il, tl = _np(input_lengths.cpu()), _np(target_lengths.cpu())
+    il, tl = own_lines(_np(input_lengths.cpu())), own_lines(_np(target_lengths.cpu()))
     run_jobs(ctc_align_kernel,
              (_np(lp), _np(targets.contiguous()), il, tl, blank, _np(labels), _np(scores)),
              range(B), order=il * (2 * tl + 1))
@@ -169,7 +169,7 @@ def rnnt_align_forward(
         return frames, scores
     if emit_lp.shape[2] == 0:  # Numba cannot view a zero-size strided axis reliably
         emit_lp = emit_lp.new_zeros((B, T, 1))
-    il, tl = _np(logit_lengths.cpu()), _np(target_lengths.cpu())
+    il, tl = own_lines(_np(logit_lengths.cpu())), own_lines(_np(target_lengths.cpu()))
     run_jobs(rnnt_align_kernel,
              (_np(blank_lp.contiguous()), _np(emit_lp.contiguous()), il, tl, _np(frames), _np(scores)),
              range(B), order=il * (tl + 1))

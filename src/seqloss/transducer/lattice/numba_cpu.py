@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..._core.numba_pool import run_jobs
+from ..._core.numba_pool import own_lines, run_jobs
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -180,10 +180,10 @@ def transducer_lattice(
     dt = arc_blank.dtype
     ab = arc_blank.contiguous()
     ae = arc_emit.contiguous()
-    Tl = logit_lengths.cpu().numpy().astype(np.int64)
-    Ul = target_lengths.cpu().numpy().astype(np.int64)
-    bd = np.asarray(blank_durations, dtype=np.int64)
-    ed = np.asarray(emit_durations, dtype=np.int64)
+    Tl = own_lines(logit_lengths.cpu().numpy().astype(np.int64))
+    Ul = own_lines(target_lengths.cpu().numpy().astype(np.int64))
+    bd = own_lines(np.asarray(blank_durations, dtype=np.int64))
+    ed = own_lines(np.asarray(emit_durations, dtype=np.int64))
     alpha = torch.empty((B, T + 1, U1), dtype=dt)
     beta = torch.empty((B, T + 1, U1), dtype=dt) if compute_occupations else alpha.new_empty((B, 1, 1))
     ll = torch.empty((B,), dtype=dt)
