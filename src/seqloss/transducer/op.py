@@ -78,13 +78,19 @@ def rnnt_loss_impl(
     backend: str,
     compute_grad: bool,
     validate: bool,
-    grad_buffer: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """RNN-T: the joint with ``rnnt_table``."""
+    """RNN-T loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
+
+    The joint with ``rnnt_table``. ``logits`` padded ``(B, T, U+1, V)`` or packed
+    ``(N, V)``; ``targets`` int64 padded ``(B, S)`` (or concatenated 1-D with packed
+    logits); lengths ``(B,)`` int64. The gradient is shaped like ``logits`` (empty
+    unless ``compute_grad``) and already includes the reduction's scaling. Shapes and
+    dtypes were checked by the caller.
+    """
     table = rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda)
     return joint_loss_impl(logits, targets, logit_lengths, target_lengths, table,
                            fused_log_softmax, reduction, zero_infinity, backend, compute_grad,
-                           validate, grad_buffer)
+                           validate)
 
 
 # --------------------------------------------------------------------------- any table
@@ -155,33 +161,7 @@ def _transducer_backward(ctx, grad_loss, n_nones: int):  # noqa: ANN001
     ), *nones)
 
 
-@torch.library.custom_op("seqloss::rnnt_loss", mutates_args=())
-def rnnt_loss_op(
-    logits: Tensor,
-    targets: Tensor,
-    logit_lengths: Tensor,
-    target_lengths: Tensor,
-    blank: int,
-    clamp: float,
-    fused_log_softmax: bool,
-    fastemit_lambda: float,
-    reduction: str,
-    zero_infinity: bool,
-    backend: str,
-    compute_grad: bool,
-    validate: bool,
-) -> tuple[Tensor, Tensor]:
-    """RNN-T loss (reduced: ``(B,)`` for ``"none"``, else a scalar) and its gradient.
-
-    ``logits`` padded ``(B, T, U+1, V)`` or packed ``(N, V)``; ``targets`` int64 padded
-    ``(B, S)`` (or concatenated 1-D with packed logits); lengths ``(B,)`` int64.
-    The gradient is shaped like ``logits`` (empty unless ``compute_grad``) and already
-    includes the reduction's scaling. Shapes and dtypes were checked by the caller.
-    """
-    return rnnt_loss_impl(
-        logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-        fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
-    )
+rnnt_loss_op = torch.library.custom_op("seqloss::rnnt_loss", rnnt_loss_impl, mutates_args=())
 
 
 @rnnt_loss_op.register_fake
@@ -229,9 +209,10 @@ class _RNNTInplace(torch.autograd.Function):
     def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,  # noqa: ANN001, ANN205
                 fused_log_softmax, fastemit_lambda, reduction, zero_infinity, backend, validate):
         compute_grad = logits.requires_grad
-        loss, grad = rnnt_loss_impl(
-            logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-            fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate,
+        loss, grad = joint_loss_impl(
+            logits, targets, logit_lengths, target_lengths,
+            rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda), fused_log_softmax,
+            reduction, zero_infinity, backend, compute_grad, validate,
             grad_buffer=logits if compute_grad else None,
         )
         # Held on ctx, not saved: it is logits' own storage, already overwritten.
