@@ -1,7 +1,10 @@
 r"""The table-driven joint on CPU: torch's vectorized passes over the logits, Numba on the lattice.
 
-Implements ``joint_loss_forward`` of ``seqloss.transducer.joint.reference`` (same
-signature and semantics) for any ``JointTable``: RNN-T, multi-blank, TDT.
+Implements ``joint_loss_forward`` and ``joint_loss_forward_pair`` of
+``seqloss.transducer.joint.reference`` (same signatures and semantics) for any
+``JointTable``: RNN-T, multi-blank, TDT. Both read the token block and the duration
+block through views of their own (``_forward``), so TDT's pair of tensors is never
+concatenated.
 
 Where the time goes: the loss is bound by one ``exp`` per logit. The installed
 llvmlite has no vector math library, so a Numba ``exp`` is scalar (~10x slower
@@ -71,12 +74,61 @@ def joint_loss_forward(
     grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
+    V, D = table.num_tokens, table.num_durations
+    grad = None
+    if compute_grad:
+        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
+    loss = _forward(logits[..., :V] if D else logits, logits[..., V:] if D else None,
+                    targets, logit_lengths, target_lengths, table, fused_log_softmax,
+                    None if grad is None else (grad[..., :V] if D else grad),
+                    None if grad is None or not D else grad[..., V:], grad_scale)
+    return loss, (grad if grad is not None else logits.new_empty(0))
+
+
+def joint_loss_forward_pair(
+    token_logits: torch.Tensor,
+    duration_logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+    grad_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.transducer.joint.reference.joint_loss_forward_pair``."""
+    gt = torch.empty_like(token_logits) if compute_grad else None
+    gd = torch.empty_like(duration_logits) if compute_grad else None
+    loss = _forward(token_logits, duration_logits, targets, logit_lengths, target_lengths,
+                    table, fused_log_softmax, gt, gd, grad_scale)
+    if not compute_grad:
+        return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
+    return loss, gt, gd
+
+
+def _forward(
+    logits: torch.Tensor,
+    dur_logits: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    grad: torch.Tensor | None,
+    grad_dur: torch.Tensor | None,
+    grad_scale: float,
+) -> torch.Tensor:
+    """The loss; the gradient written into ``grad`` (token block) and ``grad_dur``.
+
+    ``logits`` is the token block ``(..., V)`` and ``dur_logits`` the duration block
+    ``(..., D)`` (``None`` when ``D = 0``): views of one joint, or two tensors. No
+    gradient when ``grad`` is ``None``.
+    """
     dtype = logits.dtype
     acc = _acc_dtype(dtype)
     half = dtype in (torch.float16, torch.bfloat16)
     packed = logits.dim() == 2
     V, D = table.num_tokens, table.num_durations
-    W = logits.shape[-1]
     clamp, sigma = table.clamp, table.sigma
     Tl = logit_lengths.tolist()
     Ul = target_lengths.tolist()
@@ -92,9 +144,6 @@ def joint_loss_forward(
     e_dl = [a.duration_logit for a in table.emit_arcs]
     Db, De = len(tok), len(e_dl)
 
-    grad = None
-    if compute_grad:
-        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
     # The lattice runs in float64 whatever the input: arc scores of -2e4 (logits of
     # 1e4) keep their small parts, and Numba's scalar log/exp cost the same.
     lat = torch.float64
@@ -118,24 +167,22 @@ def joint_loss_forward(
         # Gather before the buffer (maybe the logits themselves) is overwritten.
         xb = x[..., list(tok)].to(acc, copy=True)  # (tb, ub+1, Db)
         xe = x[:, :ub].gather(2, idx)[..., 0].to(acc)
+        any_bad = False
         if D:
-            xd = x[..., V:].to(lat, copy=True)
+            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).to(lat, copy=True)
+            any_bad = not bool((xd.amax(-1) < float("inf")).all())  # NaN/+inf poisons the row
             lp_dur[b] = _log_softmax(xd) if fused_log_softmax else xd
         g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
-        any_bad = False
-        for t0, t1 in _chunks(tb, ub, W):
+        for t0, t1 in _chunks(tb, ub, V):
             xc = x[t0:t1]
-            m = xc.amax(-1).to(acc)  # over every class: NaN/+inf anywhere poisons the row
+            m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
             any_bad |= bool((~(m < float("inf"))).any())
             if not fused_log_softmax:
                 continue
-            if D:  # the token block's own max (without a duration block it is m: no 2nd pass)
-                xc = xc[..., :V]
-                m = xc.amax(-1).to(acc)
             # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
             m = torch.where(m == NEG_INF, 0.0, m)
             if g is not None and not half:
-                gc = g[t0:t1, :, :V]
+                gc = g[t0:t1]
                 torch.sub(xc, m[..., None], out=gc)
                 gc.exp_()
                 s = gc.sum(-1, dtype=acc)
@@ -152,7 +199,9 @@ def joint_loss_forward(
             # A row of -inf logits (s = 0) has no arc out of it.
             xb = torch.where(s[..., None] == 0, NEG_INF, (xb - m[..., None]) - ls[..., None])
             xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
-        xe = xe - sigma
+        if sigma:
+            xb = xb - sigma
+            xe = xe - sigma
         ld = lp_dur[b]
         for i, dl in enumerate(b_dl):
             arc_blank[b, :tb, : ub + 1, i] = xb[..., i] if dl is None else xb[..., i] + ld[..., dl]
@@ -160,6 +209,7 @@ def joint_loss_forward(
             arc_emit[b, :tb, :ub, j] = xe if dl is None else xe + ld[:, :ub, dl]
 
     # ---- core recursion
+    compute_grad = grad is not None
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, logit_lengths, target_lengths, table.blank_durations,
         table.emit_durations, compute_grad, table.emit_can_end,
@@ -171,23 +221,26 @@ def joint_loss_forward(
         loss = torch.where(torch.tensor(bad), NAN, loss)
     loss = loss.to(logits.device)
     if grad is None:
-        return loss, logits.new_empty(0)
+        return loss
 
     # ---- epilogue: occupations -> gradient, in the buffer holding exp(x - m)
     llist = ll.tolist()
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if not packed:
-            grad[b, tb:].zero_()
-            grad[b, :tb, ub + 1 :].zero_()
+            for gg in (grad, grad_dur):
+                if gg is not None:
+                    gg[b, tb:].zero_()
+                    gg[b, :tb, ub + 1 :].zero_()
         if tb == 0:
             continue
         g = _seq_view(grad, b, tb, ub, offs[b])
-        if bad[b]:
-            g.fill_(NAN)
-            continue
-        if llist[b] == NEG_INF:
-            g.zero_()
+        gd = _seq_view(grad_dur, b, tb, ub, offs[b]) if D else None
+        if bad[b] or llist[b] == NEG_INF:
+            fill = NAN if bad[b] else 0.0
+            g.fill_(fill)
+            if gd is not None:
+                gd.fill_(fill)
             continue
         ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db), float64
         oe = occ_e[b, :tb, :ub] * scale  # (tb, ub, De)
@@ -217,15 +270,20 @@ def joint_loss_forward(
             w = torch.where(s > 0, total.to(acc) / s, 0.0)
             x = _seq_view(logits, b, tb, ub, offs[b]) if half else None
             m = row_max[b, :tb, : ub + 1]
-            for t0, t1 in _chunks(tb, ub, W):
+            # Per blank class, the summed occupation of its arcs (TDT: every blank arc
+            # scores the one blank class): one subtraction per class and chunk.
+            per_class: dict[int, torch.Tensor] = {}
+            for i, c in enumerate(tok):
+                per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
+            for t0, t1 in _chunks(tb, ub, V):
                 if half:
-                    gc = torch.exp(x[t0:t1, :, :V].to(acc) - m[t0:t1, :, None])
+                    gc = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
                     gc.mul_(w[t0:t1, :, None])
                 else:
-                    gc = g[t0:t1, :, :V]
+                    gc = g[t0:t1]
                     gc.mul_(w[t0:t1, :, None].to(gc.dtype))
-                for i, c in enumerate(tok):
-                    gc[..., c] -= ob[t0:t1, :, i].to(gc.dtype)
+                for c, o in per_class.items():
+                    gc[..., c] -= o[t0:t1].to(gc.dtype)
                 if ub:
                     gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
                                             -oe_tok[t0:t1, :, None].to(gc.dtype))
@@ -234,12 +292,12 @@ def joint_loss_forward(
                 if grad_scale != 1.0:
                     gc.mul_(grad_scale)
                 if half:
-                    g[t0:t1, :, :V].copy_(gc)
+                    g[t0:t1].copy_(gc)
         else:
             # The true derivative: minus the occupation of the arcs scoring each entry
             # (the clamp and the scale act on those values directly).
-            g[..., :V].zero_()
-            per_class: dict[int, torch.Tensor] = {}
+            g.zero_()
+            per_class = {}
             for i, c in enumerate(tok):  # TDT: several blank arcs score the one blank class
                 per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
             oe_c = oe_tok.clamp(max=clamp) if clamp > 0 else oe_tok
@@ -250,5 +308,5 @@ def joint_loss_forward(
             if ub:
                 g[:, :ub].scatter_(2, idx.expand(tb, ub, 1), -oe_c[..., None].to(g.dtype))
         if D:
-            g[..., V:].copy_(g_dur)
-    return loss, grad
+            gd.copy_(g_dur)
+    return loss

@@ -5,6 +5,10 @@ Kernel interface shared with ``numba_cpu.py`` and ``triton_cuda.py``::
     joint_loss_forward(logits, targets, logit_lengths, target_lengths, table,
                        fused_log_softmax, compute_grad, grad_buffer=None, grad_scale=1.0)
         -> (loss (B,), grad shaped like logits | empty)
+    joint_loss_forward_pair(token_logits, duration_logits, targets, logit_lengths,
+                            target_lengths, table, fused_log_softmax, compute_grad,
+                            grad_scale=1.0)
+        -> (loss (B,), grad like token_logits | empty, grad like duration_logits | empty)
 
 See ``table.py`` for the math. The reference materializes log-softmaxes in float64
 on a padded copy: the memory rules bind the fast backends, not the oracle.
@@ -123,7 +127,8 @@ def joint_loss_forward(
     def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
         return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]
 
-    arc_blank = torch.stack([score(lp_t[..., a.token], a.duration_logit) for a in table.blank_arcs], -1)
+    arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
+                             for a in table.blank_arcs], -1)
     arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, Tl, Ul, table.blank_durations, table.emit_durations, compute_grad,
@@ -163,3 +168,31 @@ def joint_loss_forward(
         grad_buffer.copy_(grad)
         return loss, grad_buffer
     return loss, grad.to(logits.dtype)
+
+
+def joint_loss_forward_pair(
+    token_logits: torch.Tensor,
+    duration_logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+    grad_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``joint_loss_forward`` with the duration block as a tensor of its own.
+
+    ``token_logits (..., V)`` and ``duration_logits (..., D)`` (same leading shape,
+    dtype and device). The oracle may copy: it concatenates in float64 and splits
+    the gradient (the fast backends read the two tensors where they are).
+    """
+    V = table.num_tokens
+    x = torch.cat([token_logits.to(torch.float64), duration_logits.to(torch.float64)], -1)
+    loss, grad = joint_loss_forward(x, targets, logit_lengths, target_lengths, table,
+                                    fused_log_softmax, compute_grad, None, grad_scale)
+    loss = loss.to(_acc_dtype(token_logits.dtype))
+    if not compute_grad:
+        return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
+    return (loss, grad[..., :V].to(token_logits.dtype).contiguous(),
+            grad[..., V:].to(duration_logits.dtype).contiguous())

@@ -15,13 +15,21 @@ is this table. An arc is a token class (a fixed class for blank-like arcs; the n
 target label for emissions), a frame advance, and optionally an index into the
 duration block whose log-probability is added to the arc's score::
 
-    arc_blank[t, u, i] = lp_tok[t, u, blank_arcs[i].token] + lp_dur[t, u, blank_arcs[i].duration_logit]
+    arc_blank[t, u, i] = lp_tok[t, u, blank_arcs[i].token] - sigma + lp_dur[t, u, blank_arcs[i].duration_logit]
     arc_emit[t, u, j]  = lp_tok[t, u, y_{u+1}] - sigma + lp_dur[t, u, emit_arcs[j].duration_logit]
 
 (the ``lp_dur`` term only where the arc names a duration logit). FastEmit
 (``fastemit_lambda``) scales every emission arc's occupation by ``1 + λ`` in the
-gradient, and the loss by ``1 + λ``. ``sigma`` shifts the emission scores only
-(its derivative is zero).
+gradient, and the loss by ``1 + λ``. ``sigma`` is NeMo's logit under-normalization:
+it shifts every arc's token log-probability, blank-like arcs included (NeMo's
+multi-blank and TDT kernels subtract it after every ``logp``), so a path pays
+``sigma`` per step and paths with fewer (longer) steps gain; on emissions alone it
+would be a constant ``U sigma`` with no effect on the gradient. Its derivative with
+respect to the logits is zero: it acts through the occupations only.
+
+The duration block may also be a tensor of its own (TDT's ``(token_logits,
+duration_logits)`` pair): every backend reads the two blocks through two views
+(``joint_loss_forward_pair``), so the pair is never concatenated.
 
 Each backend has one implementation of the prologue and the epilogue that reads this
 table (``reference.py``, ``numba_cpu.py``, ``triton_cuda.py`` beside it); a new
@@ -59,7 +67,8 @@ class JointTable:
         emit_arcs: the emission arcs, ``De >= 1`` of them (``token`` is ``None``).
         num_tokens: ``V``, the token logits (the first ``V`` classes of the joint).
         num_durations: ``D``, duration logits after the token logits (0: none).
-        sigma: subtracted from every emission's token log-probability.
+        sigma: subtracted from every arc's token log-probability (blank-like arcs and
+            emissions: NeMo's logit under-normalization).
         fastemit_lambda: FastEmit's ``λ >= 0``.
         clamp: ``> 0`` clamps each gradient element to ``[-clamp, clamp]``.
         emit_can_end: an emission may land on the final frame (see the lattice).
@@ -108,3 +117,43 @@ def rnnt_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float =
     """RNN-T (Graves, 2012): one blank advancing a frame, emissions advancing none."""
     return JointTable(blank_arcs=(Arc(1, token=blank),), emit_arcs=(Arc(0),), num_tokens=V,
                       clamp=clamp, fastemit_lambda=fastemit_lambda)
+
+
+def _resolve_blank(blank: int, V: int) -> int:
+    return blank % V if blank < 0 else blank
+
+
+def multiblank_table(V: int, blank: int, big_blank_durations: tuple[int, ...], sigma: float = 0.0,
+                     clamp: float = -1.0, fastemit_lambda: float = 0.0) -> JointTable:
+    """Multi-blank RNN-T (Xu et al., 2022) with NeMo's layout.
+
+    The standard blank ``blank`` (``< 0`` counts from the end: ``-1`` is ``V - 1``)
+    advances one frame; big blank ``i`` is class ``blank - 1 - i`` (``blank``
+    resolved to ``[0, V)``) and advances ``big_blank_durations[i]`` frames; emissions
+    advance none. NeMo's final state: the path ends on a blank-like arc landing
+    exactly on ``T_b`` (``emit_can_end=False``). Arguments were validated by the caller.
+    """
+    blank = _resolve_blank(blank, V)
+    arcs = (Arc(1, token=blank),) + tuple(
+        Arc(int(d), token=blank - 1 - i) for i, d in enumerate(big_blank_durations))
+    return JointTable(blank_arcs=arcs, emit_arcs=(Arc(0),), num_tokens=V, sigma=sigma,
+                      fastemit_lambda=fastemit_lambda, clamp=clamp)
+
+
+def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0,
+              clamp: float = -1.0) -> JointTable:
+    """Token-and-Duration Transducer (Xu et al., 2023) with NeMo's layout.
+
+    ``V`` token logits (the blank among them) then ``D = len(durations)`` duration
+    logits. Duration ``k`` (``durations[k]`` frames) scores ``lp_dur[k]``: a blank
+    takes every duration ``>= 1`` (never 0), an emission every duration (0
+    included). As NeMo's ``TDTLossPytorch`` and its CUDA kernel compute it, an
+    emission lands on a frame ``< T_b`` and the path ends on a blank landing exactly
+    on ``T_b`` (``emit_can_end=False``). Arguments were validated by the caller.
+    """
+    blank = _resolve_blank(blank, V)
+    blanks = tuple(Arc(int(d), token=blank, duration_logit=k)
+                   for k, d in enumerate(durations) if d > 0)
+    emits = tuple(Arc(int(d), duration_logit=k) for k, d in enumerate(durations))
+    return JointTable(blank_arcs=blanks, emit_arcs=emits, num_tokens=V,
+                      num_durations=len(durations), sigma=sigma, clamp=clamp)

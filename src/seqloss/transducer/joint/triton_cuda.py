@@ -120,9 +120,9 @@ def _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B):
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def joint_normalizer_kernel(
-    x_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, tab_ptr, par_ptr, ab_ptr, ae_ptr, nz_ptr,
-    bad_ptr, B, T, U1, NR, V, D,
-    sx_b, sx_t, sx_u, sx_v, s_tg_b, s_tg_u,
+    x_ptr, xd_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, tab_ptr, par_ptr, ab_ptr, ae_ptr,
+    nz_ptr, bad_ptr, B, T, U1, NR, V, D,
+    sx_b, sx_t, sx_u, sx_v, sxd_b, sxd_t, sxd_u, sxd_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -136,10 +136,11 @@ def joint_normalizer_kernel(
     block (classes ``[0, V)``): ``log_z = m + log(s)``, ``m = max_v x[v]``,
     ``s = sum_v exp(x[v] - m)``, online over blocks of ``BLOCK_V`` classes (fused
     only), so that ``lp_tok[c] = (x[c] - m) - log(s)`` (not fused: ``x[c]``). Duration
-    block (classes ``[V, V + D)``, ``HAS_DUR``): ``lp_dur``, its log-softmax (fused)
+    block (``HAS_DUR``: the ``D`` classes at ``xd``, a view of the classes ``[V, V + D)``
+    of the same joint or a tensor of its own): ``lp_dur``, its log-softmax (fused)
     or itself. Then the arc scores (``table.py``)::
 
-        arc_blank[r, i] = lp_tok[tok_i] + lp_dur[dl_i]                   (every read row)
+        arc_blank[r, i] = lp_tok[tok_i] - sigma + lp_dur[dl_i]           (every read row)
         arc_emit[r, j]  = lp_tok[y_{u+1}] - sigma + lp_dur[dl'_j]          (u < U_b)
 
     (no ``lp_dur`` term where the index is ``-1``). ``m`` and ``log(s)`` are kept
@@ -165,6 +166,7 @@ def joint_normalizer_kernel(
         i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
         m_row = m_b & (i_t < T_b)
         p_x = x_ptr + i_r * sx_b
+        p_xd = xd_ptr + i_r * sxd_b
     else:
         i_b = i_r // (T * U1)
         i_t = (i_r // U1) % T
@@ -173,6 +175,7 @@ def joint_normalizer_kernel(
         U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
         m_row = m_r & (i_t < T_b) & (i_u <= U_b)
         p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
+        p_xd = xd_ptr + i_b * sxd_b + i_t * sxd_t + i_u * sxd_u
 
     b_m = tl.full([BLOCK_R], float("-inf"), ACC)
     b_s = tl.zeros([BLOCK_R], ACC)
@@ -195,7 +198,7 @@ def joint_normalizer_kernel(
     b_lpd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
     if HAS_DUR:
         m_xd = m_row[:, None] & (o_d < D)[None, :]
-        b_xd = tl.load(p_x[:, None] + (V + o_d)[None, :] * sx_v, mask=m_xd,
+        b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_xd,
                        other=float("-inf")).to(LAT)
         is_bad_d = (b_xd != b_xd) | (b_xd == float("inf"))
         b_bad = tl.maximum(b_bad, tl.max(is_bad_d.to(tl.int32), axis=1))
@@ -215,12 +218,15 @@ def joint_normalizer_kernel(
         b_xe = tl.where(none, float("-inf"), (b_xe - b_ml) - b_lsl)
         tl.store(nz_ptr + 2 * i_r, b_m, mask=m_row)
         tl.store(nz_ptr + 2 * i_r + 1, b_ls, mask=m_row)
-    # sigma in float64 from the parameter tensor (a Python float argument is float32).
-    b_xe = tl.where(m_bad, float("-inf"), b_xe - tl.load(par_ptr + 3))
+    # sigma in float64 from the parameter tensor (a Python float argument is float32),
+    # on every arc's token log-probability (NeMo's logit under-normalization).
+    sigma = tl.load(par_ptr + 3)
+    b_xe = tl.where(m_bad, float("-inf"), b_xe - sigma)
     for i in tl.static_range(NB):
         b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
         if FUSED:
             b_v = tl.where(none, float("-inf"), (b_v - b_ml) - b_lsl)
+        b_v = b_v - sigma
         if HAS_DUR:
             # lp_dur[dl] picked out of the row's block (dl = -1 picks nothing: + 0).
             dl = tl.load(tab_ptr + NB + i)
@@ -239,10 +245,11 @@ def joint_normalizer_kernel(
 
 @triton.jit
 def joint_grad_kernel(
-    x_ptr, g_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, soff_ptr, tab_ptr, bd_ptr, ed_ptr,
-    par_ptr, ab_ptr, ae_ptr, nz_ptr, alpha_ptr, beta_ptr, ll_ptr, bad_ptr,
+    x_ptr, g_ptr, xd_ptr, gd_ptr, tg_ptr, il_ptr, tl_ptr, off_ptr, seq_ptr, soff_ptr, tab_ptr,
+    bd_ptr, ed_ptr, par_ptr, ab_ptr, ae_ptr, nz_ptr, alpha_ptr, beta_ptr, ll_ptr, bad_ptr,
     B, T, U1, NR, V, D,
-    sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v, s_tg_b, s_tg_u,
+    sx_b, sx_t, sx_u, sx_v, sg_b, sg_t, sg_u, sg_v,
+    sxd_b, sxd_t, sxd_u, sxd_v, sgd_b, sgd_t, sgd_u, sgd_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
     BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -299,6 +306,8 @@ def joint_grad_kernel(
         o_st = tl.load(soff_ptr + i_b, mask=m_b, other=0) + i_t * U1_s + i_u
         p_x = x_ptr + i_r * sx_b
         p_g = g_ptr + i_r * sg_b
+        p_xd = xd_ptr + i_r * sxd_b
+        p_gd = gd_ptr + i_r * sgd_b
     else:
         i_b = i_r // (T * U1)
         i_t = (i_r // U1) % T
@@ -310,6 +319,8 @@ def joint_grad_kernel(
         o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
         p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
         p_g = g_ptr + i_b * sg_b + i_t * sg_t + i_u * sg_u
+        p_xd = xd_ptr + i_b * sxd_b + i_t * sxd_t + i_u * sxd_u
+        p_gd = gd_ptr + i_b * sgd_b + i_t * sgd_t + i_u * sgd_u
     b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
     b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0)
     m_nan = m_row & (b_bad != 0)
@@ -390,7 +401,7 @@ def joint_grad_kernel(
     if HAS_DUR:
         m_d = (o_d < D)[None, :]
         if FUSED:
-            b_xd = tl.load(p_x[:, None] + (V + o_d)[None, :] * sx_v, mask=m_occ[:, None] & m_d,
+            b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_occ[:, None] & m_d,
                            other=float("-inf")).to(LAT)
             # The same function of the same logits as in the normalizer: the same bits.
             b_gd = tl.exp(_dur_log_softmax(b_xd, FUSED)) * b_tot[:, None]
@@ -408,7 +419,7 @@ def joint_grad_kernel(
         b_gd = b_gd.to(ACC)
         if BF16_OUT:
             b_gd = _round_bf16(b_gd)
-        tl.store(p_g[:, None] + (V + o_d)[None, :] * sg_v, b_gd, mask=m_st[:, None] & m_d)
+        tl.store(p_gd[:, None] + o_d[None, :] * sgd_v, b_gd, mask=m_st[:, None] & m_d)
 
 
 # --------------------------------------------------------------------------- launcher
@@ -448,15 +459,79 @@ def joint_loss_forward(
     grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
+    V, D = table.num_tokens, table.num_durations
+    if logits.shape[-1] != V + D:
+        raise ValueError(f"logits.size(-1) = {logits.shape[-1]} must equal the table's "
+                         f"V + D = {V} + {D}")
+    grad = None
+    if compute_grad:
+        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
+    loss = _forward(logits[..., :V], logits[..., V:] if D else None, targets, logit_lengths,
+                    target_lengths, table, fused_log_softmax,
+                    None if grad is None else grad[..., :V],
+                    None if grad is None or not D else grad[..., V:], grad_scale)
+    if grad is None:
+        return loss, logits.new_empty(0)
+    if grad_buffer is not None:
+        # The kernel wrote through a raw pointer: tell autograd that the buffer (maybe
+        # the logits themselves) changed, so a node that saved it refuses to backward.
+        torch.autograd.graph.increment_version(grad_buffer)
+    return loss, grad
+
+
+def joint_loss_forward_pair(
+    token_logits: torch.Tensor,
+    duration_logits: torch.Tensor,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    compute_grad: bool,
+    grad_scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.transducer.joint.reference.joint_loss_forward_pair``."""
+    V, D = table.num_tokens, table.num_durations
+    if token_logits.shape[-1] != V or duration_logits.shape[-1] != D:
+        raise ValueError(f"the pair's widths ({token_logits.shape[-1]}, "
+                         f"{duration_logits.shape[-1]}) must equal the table's (V, D) = ({V}, {D})")
+    gt = torch.empty_like(token_logits) if compute_grad else None
+    gd = torch.empty_like(duration_logits) if compute_grad else None
+    loss = _forward(token_logits, duration_logits, targets, logit_lengths, target_lengths, table,
+                    fused_log_softmax, gt, gd, grad_scale)
+    if not compute_grad:
+        return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
+    return loss, gt, gd
+
+
+def _strides(x: torch.Tensor, packed: bool) -> tuple[int, int, int, int]:
+    return (x.stride(0), 0, 0, x.stride(1)) if packed else tuple(x.stride())
+
+
+def _forward(
+    logits: torch.Tensor,
+    dur_logits: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    grad: torch.Tensor | None,
+    grad_dur: torch.Tensor | None,
+    grad_scale: float,
+) -> torch.Tensor:
+    """The loss; the gradient written into ``grad`` (token block ``(..., V)``) and
+    ``grad_dur`` (duration block ``(..., D)``), when ``grad`` is given.
+
+    ``logits``/``dur_logits``: the token and duration blocks, views of one joint or two
+    tensors (``dur_logits`` ``None`` when ``D = 0``); same for the gradients.
+    """
     device = logits.device
     fp64 = logits.dtype == torch.float64
     acc = torch.float64 if fp64 else torch.float32
     packed = logits.dim() == 2
     V, D = table.num_tokens, table.num_durations
     NB, NE = len(table.blank_arcs), len(table.emit_arcs)
-    if logits.shape[-1] != V + D:
-        raise ValueError(f"logits.size(-1) = {logits.shape[-1]} must equal the table's "
-                         f"V + D = {V} + {D}")
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     B = il.shape[0]
@@ -471,20 +546,21 @@ def joint_loss_forward(
         # (t, u) from device-side maps; no extent of the batch is read on the host.
         N = logits.shape[0]
         T, U1, NR = 0, 0, N  # T, U1 unused
-        sx = (logits.stride(0), 0, 0, logits.stride(1))
     else:
         _, T, U1, _ = logits.shape
         NR = B * T * U1
-        sx = logits.stride()
-    grad = None
-    if compute_grad:
-        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
+    sx = _strides(logits, packed)
+    # Without a duration block, the (never read) duration pointers are the logits'.
+    xd = dur_logits if dur_logits is not None else logits
+    sxd = _strides(xd, packed)
     if B == 0 or NR == 0:
         # No frame anywhere: every sequence is infeasible and nothing is read.
         loss = torch.full((B,), float("inf"), dtype=acc, device=device)
-        if grad is None:
-            return loss, logits.new_empty(0)
-        return loss, grad.zero_()
+        if grad is not None:
+            grad.zero_()
+            if grad_dur is not None:
+                grad_dur.zero_()
+        return loss
 
     tg = targets.to(device=device, dtype=torch.int64)
     S = tg.shape[1]
@@ -530,13 +606,14 @@ def joint_loss_forward(
             norm = torch.empty((*row_shape, 2), dtype=acc, device=device)
         row_bad = torch.empty(row_shape, dtype=torch.int8, device=device)
         joint_normalizer_kernel[grid](
-            logits, tg, il, tlen, off, seq, tab, par, arc_blank, arc_emit, norm, row_bad,
-            B, T, U1, NR, V, D, *sx, *tg.stride(), **consts,
+            logits, xd, tg, il, tlen, off, seq, tab, par, arc_blank, arc_emit, norm, row_bad,
+            B, T, U1, NR, V, D, *sx, *sxd, *tg.stride(), **consts,
         )
         if packed:
             ll, alpha, beta = transducer_alpha_beta_packed(
                 arc_blank, arc_emit, il, tlen, off, soff, num_states, max_u1,
-                table.blank_durations, table.emit_durations, compute_grad, table.emit_can_end)
+                table.blank_durations, table.emit_durations, grad is not None,
+                table.emit_can_end)
             # Flagged rows per sequence: differences of an exact integer prefix sum
             # (deterministic; the clamp only guards lengths that overrun N).
             n_bad = torch.cumsum(row_bad, 0, dtype=torch.int64)
@@ -545,22 +622,20 @@ def joint_loss_forward(
         else:
             ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
                                                     table.blank_durations, table.emit_durations,
-                                                    compute_grad, table.emit_can_end)
+                                                    grad is not None, table.emit_can_end)
             bad = row_bad.view(B, -1).amax(1) > 0
         loss = torch.where(bad, NAN, -ll * scale).to(acc)
         if grad is None:
-            return loss, logits.new_empty(0)
+            return loss
 
-        sg = (grad.stride(0), 0, 0, grad.stride(1)) if packed else grad.stride()
+        sg = _strides(grad, packed)
+        gd = grad_dur if grad_dur is not None else grad
+        sgd = _strides(gd, packed)
         joint_grad_kernel[grid](
-            logits, grad, tg, il, tlen, off, seq, soff, tab, bd, ed, par, arc_blank, arc_emit,
-            norm, alpha, beta, ll, bad.to(torch.int8), B, T, U1, NR, V, D, *sx, *sg,
-            *tg.stride(),
+            logits, grad, xd, gd, tg, il, tlen, off, seq, soff, tab, bd, ed, par, arc_blank,
+            arc_emit, norm, alpha, beta, ll, bad.to(torch.int8), B, T, U1, NR, V, D, *sx, *sg,
+            *sxd, *sgd, *tg.stride(),
             EMIT_CAN_END=bool(table.emit_can_end), HAS_CLAMP=table.clamp > 0,
             BF16_OUT=grad.dtype == torch.bfloat16, **consts,
         )
-    if grad_buffer is not None:
-        # The kernel wrote through a raw pointer: tell autograd that the buffer (maybe
-        # the logits themselves) changed, so a node that saved it refuses to backward.
-        torch.autograd.graph.increment_version(grad_buffer)
-    return loss, grad
+    return loss
