@@ -7,20 +7,33 @@ from ._core.grad_clamp import grad_clamp
 from .align import ctc_align, rnnt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
-from .transducer import RNNTLoss, rnnt_loss, rnnt_loss_packed, transducer_lattice
+from .transducer import (
+    MultiBlankRNNTLoss,
+    RNNTLoss,
+    TDTLoss,
+    multiblank_rnnt_loss,
+    rnnt_loss,
+    rnnt_loss_packed,
+    tdt_loss,
+    transducer_lattice,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CTCLoss",
     "InputError",
+    "MultiBlankRNNTLoss",
     "RNNTLoss",
+    "TDTLoss",
     "ctc_align",
     "ctc_loss",
     "diagnose",
     "grad_clamp",
+    "multiblank_rnnt_loss",
     "rnnt_align",
     "rnnt_loss",
     "rnnt_loss_packed",
+    "tdt_loss",
     "transducer_lattice",
 ]

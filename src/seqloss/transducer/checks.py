@@ -115,3 +115,46 @@ def transducer_values(
         offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
         check_ids(targets, tl, "targets", V, blank, offsets=offsets)
     return pad_targets(targets, target_lengths, tl if validate else None)
+
+
+def check_durations(durations: object, name: str) -> tuple[int, ...]:
+    """``durations`` (a sequence of ints, or a 1-D int32/int64 tensor or numpy array) as a
+    tuple of distinct ints (metadata: a tensor is read on the host once; lists are usual)."""
+    if isinstance(durations, torch.Tensor):
+        if durations.dtype not in (torch.int32, torch.int64):
+            raise InputTypeError(f"{name} must be ints, got a {durations.dtype} tensor")
+        if durations.dim() != 1:
+            raise InputError(f"{name} must be 1-D, got shape {tuple(durations.shape)}")
+        vals = [int(v) for v in durations.tolist()]
+    elif isinstance(durations, np.ndarray):
+        if durations.dtype.kind not in "iu" or durations.ndim != 1:
+            raise InputTypeError(f"{name} must be a 1-D integer array, got a numpy "
+                                 f"{durations.dtype} array of shape {durations.shape}")
+        vals = [int(v) for v in durations.tolist()]
+    elif isinstance(durations, (list, tuple)):
+        vals = []
+        for i, v in enumerate(durations):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise InputTypeError(f"{name}[{i}] must be an int, got {type(v).__name__} {v!r}")
+            vals.append(int(v))
+    else:
+        raise InputTypeError(f"{name} must be a list of ints, got {type(durations).__name__}")
+    seen: set[int] = set()
+    for i, v in enumerate(vals):
+        if v in seen:
+            raise InputError(f"{name}[{i}] = {v} repeats an earlier duration: durations must "
+                             f"be unique, got {vals}")
+        seen.add(v)
+    return tuple(vals)
+
+
+def resolve_token_blank(blank: object, V: int, what: str = "V") -> int:
+    """``blank`` in ``[-V, V)`` as an index in ``[0, V)`` (``-1``: ``V - 1``)."""
+    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
+        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
+    blank = int(blank)
+    if V < 1:
+        raise InputError(f"logits must have at least one token class ({what} >= 1), got {what} = {V}")
+    if not -V <= blank < V:
+        raise InputError(f"blank = {blank} is out of range: expected -{what} <= blank < {what} = {V}")
+    return blank % V
