@@ -168,6 +168,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 table.add_row(r["case"], r["impl"], "-", f"{r['ms']:.2f}", "-", "-",
                               *(["-", "-"] if args.memory else []))
         console.print(table)
+        for line in getattr(mod, "notes", lambda _: [])(pairs):  # the family's own targets
+            console.print(line, markup=False)
         out[loss] = {"rows": rows, "pairs": pairs}
     if args.json:
         from .bench._common import machine_info
@@ -188,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ._core.registry import NAMES
 
     p = _Parser(prog="seqloss", description="seqloss: exact, fast alignment-free sequence losses "
-                "(CTC, RNN-T) for PyTorch.")
+                "(CTC, RNN-T, multi-blank RNN-T, TDT) for PyTorch.")
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"seqloss {__version__}")
@@ -211,7 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="diagnose a saved batch: feasibility, non-finite inputs, loss, gradients",
         description="FILE is a torch.save'd dict of a loss's arguments, e.g. {'kind': 'ctc', "
         "'log_probs': ..., 'targets': ..., 'input_lengths': ..., 'target_lengths': ..., "
-        "'blank': 0} (kind 'rnnt': logits, targets, logit_lengths, target_lengths, blank). "
+        "'blank': 0} (kind 'rnnt': logits, targets, logit_lengths, target_lengths, blank; "
+        "kind 'multiblank': the same and big_blank_durations; kind 'tdt': the same and "
+        "durations, logits concatenated or a (token_logits, duration_logits) pair). "
         "Exit status: 0 all sequences fine; 1 a sequence is non-finite or infeasible, or the "
         "arguments fail validation; 2 the file cannot be read.")
     doc.add_argument("file", metavar="FILE", help="torch.save'd dict of loss arguments")
@@ -222,8 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="time seqloss against the installed peers",
                        description="Time forward + backward of seqloss and every importable peer "
-                       "(CTC: torch, optax; RNN-T: torchaudio, fast_rnnt) on the registered "
-                       "cases, interleaved, and print each peer's time over seqloss's. The same "
+                       "(CTC: torch, optax; RNN-T: torchaudio, fast_rnnt; multiblank and tdt: "
+                       "seqloss's own rnnt_loss on the same logits, transformers' tdt_loss) on "
+                       "the registered cases, interleaved, and print each peer's time over "
+                       "seqloss's. The same "
                        "code as benchmarks/bench_ctc.py (python -m seqloss.bench.ctc).")
     b.add_argument("--loss", choices=list(NAMES), default=None,
                    help="which loss (default: every loss in this build)")

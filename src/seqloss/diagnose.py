@@ -50,17 +50,21 @@ class NonFinite:
     cls: int
     u: int | None = None  # lattice row (transducers only)
     count: int = 1  # non-finite values read by this sequence, in all
+    block: str | None = None  # "duration": ``cls`` indexes TDT's duration logits
 
     def where(self) -> str:
         row = "" if self.u is None else f", u {self.u}"
         more = f" ({self.count} non-finite values in all)" if self.count > 1 else ""
         name = "NaN" if self.value == "nan" else "+inf"
-        return f"{name} at frame {self.frame}{row}, class {self.cls}{more}"
+        what = "class" if self.block is None else f"{self.block} class"
+        return f"{name} at frame {self.frame}{row}, {what} {self.cls}{more}"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"value": self.value, "frame": self.frame, "class": self.cls}
         if self.u is not None:
             d["u"] = self.u
+        if self.block is not None:
+            d["block"] = self.block
         d["count"] = self.count
         return d
 
@@ -108,6 +112,8 @@ class Diagnosis:
     fused_log_softmax: bool
     zero_infinity: bool
     sequences: list[SequenceDiagnosis] = field(default_factory=list)
+    # The variant's own setting (multi-blank: big blanks; TDT: durations, omega, ...).
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -150,6 +156,7 @@ class Diagnosis:
             "blank": self.blank,
             "fused_log_softmax": self.fused_log_softmax,
             "zero_infinity": self.zero_infinity,
+            **self.extra,
             "ok": self.ok,
             "summary": self.summary(),
             "sequences": [s.to_dict() for s in self.sequences],
@@ -161,6 +168,7 @@ class Diagnosis:
             f"{self.device}, backend {self.backend}, blank {self.blank}"
             + (", fused log-softmax" if self.fused_log_softmax else "")
             + (", zero_infinity" if self.zero_infinity else "")
+            + "".join(f", {k.replace('_', ' ')} {v}" for k, v in self.extra.items())
         )
         cols = ["#", "frames", "needed", "labels", "loss", "max|grad|", "min logp", "verdict"]
         rows = []
@@ -256,7 +264,7 @@ def _verdict(
             "(a masked class on the path)"
         )
     if norm_err is not None and norm_err > norm_tol:
-        what = "logits" if kind == "rnnt" else "log_probs"
+        what = "log_probs" if kind == "ctc" else "logits"
         hint = (
             "pass fused_log_softmax=True for logits" if kind == "ctc"
             else "drop fused_log_softmax=False for logits"
@@ -272,8 +280,11 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     """Run a loss on a batch and report, per sequence, what may be wrong with it.
 
     Args:
-        kind: ``"ctc"`` (arguments of :func:`seqloss.ctc_loss`) or ``"rnnt"``
-            (arguments of :func:`seqloss.rnnt_loss`).
+        kind: ``"ctc"`` (arguments of :func:`seqloss.ctc_loss`), ``"rnnt"``
+            (:func:`seqloss.rnnt_loss`), ``"multiblank"``
+            (:func:`seqloss.multiblank_rnnt_loss`, with its ``big_blank_durations``)
+            or ``"tdt"`` (:func:`seqloss.tdt_loss`, with its ``durations``; the
+            logits concatenated or as the pair ``(token_logits, duration_logits)``).
         *loss_args, **loss_kwargs: the loss's arguments, as they would be passed
             to it. ``reduction`` is ignored (the per-sequence losses are
             reported); everything else (``blank``, ``zero_infinity``,
@@ -314,14 +325,23 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     a = bound.arguments
     a["reduction"] = "none"
     x_name = fam.input_name
-    x0 = checks.check_float_tensor(a[x_name], x_name)
-    x = x0.detach().clone().requires_grad_(True)
-    a[x_name] = x
+    x_in = a[x_name]
+    if kind == "tdt" and isinstance(x_in, (tuple, list)):
+        # TDT's (token_logits, duration_logits) pair: a gradient for each part.
+        xs = tuple(checks.check_float_tensor(p, f"{x_name}[{i}]").detach().clone()
+                   .requires_grad_(True) for i, p in enumerate(x_in))
+        a[x_name] = type(x_in)(xs)
+    else:
+        xs = (checks.check_float_tensor(x_in, x_name).detach().clone().requires_grad_(True),)
+        a[x_name] = xs[0]
     with torch.enable_grad():
         loss = fn(*bound.args, **bound.kwargs)
-        (grad,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
-    grad = grad.detach()
-    return fam.diagnose_fn()(a, x.detach(), loss.detach(), grad)
+        grads = torch.autograd.grad(loss, xs, grad_outputs=torch.ones_like(loss))
+    x_out = tuple(x.detach() for x in xs)
+    g_out = tuple(g.detach() for g in grads)
+    if a[x_name] is xs[0]:
+        return fam.diagnose_fn()(a, x_out[0], loss.detach(), g_out[0])
+    return fam.diagnose_fn()(a, x_out, loss.detach(), g_out)
 
 
 def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
@@ -372,39 +392,105 @@ def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
 
 
 def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
-    device = x.device
-    B, T, U1, V = x.shape
+    V = x.shape[-1]
     blank = int(a.get("blank", -1))
     blank = blank + V if blank < 0 else blank
     fused = bool(a.get("fused_log_softmax", True))
+    return _diagnose_joint("rnnt", a, [x], loss, [grad], blank, fused)
+
+
+def _diagnose_multiblank(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
+    V = x.shape[-1]
+    blank = int(a.get("blank", -1))
+    blank = blank + V if blank < 0 else blank
+    durs = _int_list(a["big_blank_durations"])
+    extra: dict[str, Any] = {
+        "big_blank_durations": durs,
+        # NeMo's layout: big blank i at blank - 1 - i.
+        "big_blank_classes": [blank - 1 - i for i in range(len(durs))],
+    }
+    _nonzero(extra, a, "sigma", "fastemit_lambda")
+    return _diagnose_joint("multiblank", a, [x], loss, [grad], blank, True, extra)
+
+
+def _diagnose_tdt(a: dict, x: Tensor | tuple[Tensor, Tensor], loss: Tensor,
+                  grad: Tensor | tuple[Tensor, Tensor]) -> Diagnosis:
+    durs = _int_list(a["durations"])
+    if isinstance(x, tuple):  # the (token_logits, duration_logits) pair
+        parts, grads = list(x), list(grad)
+        layout = "pair"
+    else:  # concatenated: the V token logits, then the D duration logits
+        V = x.shape[-1] - len(durs)
+        parts, grads = [x[..., :V], x[..., V:]], [grad[..., :V], grad[..., V:]]
+        layout = "concatenated"
+    V = parts[0].shape[-1]
+    blank = int(a.get("blank", -1))
+    blank = blank + V if blank < 0 else blank
+    extra: dict[str, Any] = {"durations": durs, "logits_layout": layout}
+    _nonzero(extra, a, "sigma", "omega")
+    return _diagnose_joint("tdt", a, parts, loss, grads, blank, True, extra)
+
+
+def _int_list(v: Any) -> list[int]:
+    if isinstance(v, Tensor):
+        v = v.tolist()
+    return [int(d) for d in v]
+
+
+def _nonzero(extra: dict[str, Any], a: dict, *names: str) -> None:
+    for k in names:
+        v = a.get(k, 0.0)
+        if isinstance(v, (int, float)) and v:
+            extra[k] = float(v)
+
+
+def _diagnose_joint(kind: str, a: dict, parts: list[Tensor], loss: Tensor, grads: list[Tensor],
+                    blank: int, fused: bool, extra: dict[str, Any] | None = None) -> Diagnosis:
+    """A transducer on the full joint: ``parts`` are its class blocks (``(B, T, U+1, C_i)``
+    each: the logits, or TDT's token and duration logits), ``grads`` their gradients."""
+    x = parts[0]
+    device = x.device
+    B = x.shape[0]
     zero_inf = bool(a.get("zero_infinity", False))
     tl_ = checks.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
     ul_ = checks.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
-    lp = torch.log_softmax(x.double(), dim=-1) if fused else x
+    lps = [torch.log_softmax(p.double(), dim=-1) if fused else p for p in parts]
+    widths = [p.shape[-1] for p in parts]
     tol = _NORM_TOL[x.dtype]
     seqs = []
     for b in range(B):
         Tb, Ub = int(tl_[b]), int(ul_[b])
         feasible = Tb >= 1
-        xb = x[b, :Tb, : Ub + 1]
+        xb = torch.cat([p[b, :Tb, : Ub + 1] for p in parts], dim=-1) if len(parts) > 1 \
+            else x[b, :Tb, : Ub + 1]
         bad = torch.isnan(xb) | (xb == float("inf"))
         nf = _first_nonfinite(bad, xb, with_u=True)
+        if nf is not None and nf.cls >= widths[0]:  # TDT: a duration logit
+            nf.cls -= widths[0]
+            nf.block = "duration"
         read = torch.ones(xb.shape[:-1], dtype=torch.bool, device=device)
-        mn, err = _scan(lp[b, :Tb, : Ub + 1], read, check_norm=not fused)
-        g = grad[b]
-        gmax = float(g.abs().float().amax()) if g.numel() else 0.0
+        mn, err = None, None
+        for lp in lps:
+            m, e = _scan(lp[b, :Tb, : Ub + 1], read, check_norm=not fused)
+            mn = m if mn is None or (m is not None and m < mn) else mn
+            err = e if err is None or (e is not None and e > err) else err
+        gmax = max((float(g[b].abs().float().amax()) if g[b].numel() else 0.0 for g in grads),
+                   default=0.0)
+        if any(bool(torch.isnan(g[b]).any()) for g in grads):
+            gmax = float("nan")
         lb = float(loss[b])
         status, verdict = _verdict(feasible, 1, Tb, Ub, None, lb, nf, err, tol, zero_inf,
-                                   "rnnt", fused)
+                                   kind, fused)
         seqs.append(SequenceDiagnosis(
             index=b, frames=Tb, frames_needed=1, target_length=Ub, repeats=None,
             feasible=feasible, loss=lb, nonfinite=nf, grad_max=gmax, min_log_prob=mn,
             max_norm_error=err, status=status, verdict=verdict,
         ))
+    shape = (*x.shape[:-1], sum(widths))
     return Diagnosis(
-        kind="rnnt", shape=tuple(x.shape), dtype=str(x.dtype).replace("torch.", ""),
+        kind=kind, shape=tuple(shape), dtype=str(x.dtype).replace("torch.", ""),
         device=str(device), backend=_backend_name(a, device), blank=blank,
-        fused_log_softmax=fused, zero_infinity=zero_inf, sequences=seqs,
+        fused_log_softmax=fused, zero_infinity=zero_inf, sequences=seqs, extra=extra or {},
     )
 
 

@@ -56,6 +56,10 @@ FAMILIES: dict[str, Family] = {
                "seqloss.diagnose:_diagnose_ctc", "seqloss.bench.ctc", "ctc"),
         Family("rnnt", "seqloss.transducer.rnnt:rnnt_loss", "logits",
                "seqloss.diagnose:_diagnose_rnnt", "seqloss.bench.rnnt", "transducer"),
+        Family("multiblank", "seqloss.transducer.multiblank:multiblank_rnnt_loss", "logits",
+               "seqloss.diagnose:_diagnose_multiblank", "seqloss.bench.multiblank", "joint"),
+        Family("tdt", "seqloss.transducer.tdt:tdt_loss", "logits",
+               "seqloss.diagnose:_diagnose_tdt", "seqloss.bench.tdt", "joint"),
     )
 }
 
