@@ -61,13 +61,15 @@ def test_batch_mixing_fast_and_fallback():
     x, tg, il, tl = _inputs(50, 6, 8, 10, seed=5, scale=1.0)
     tl[2] = 10
     x[:, 2] *= 3000.0  # only sequence 2 leaves the fast path
-    x[:, 4] = float("nan")  # sequence 4 reads NaN: log space, no leak into the others
+    x[:, 4] = float("nan")  # sequence 4 reads NaN: poisoned, no leak into the others
     lp = x.log_softmax(-1)
     status: list[str] = []
     loss, grad = nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True, _status=status)
     want, want_g = rk.ctc_loss_forward(lp, tg, il, tl, 0, False, True)
     ok = [0, 1, 2, 3, 5]
-    assert status[2] == "extended" and status[4] == "logspace"
+    assert status[2] == "extended" and status[4] == "nonfinite"
+    assert torch.isnan(loss[4]) and torch.isnan(grad[: il[4], 4]).all()
+    assert (grad[il[4] :, 4] == 0).all()
     assert all(status[b] == "fast" for b in (0, 1, 3, 5) if status[b] != "infeasible")
     assert_close_budget(loss[ok], want[ok], rtol=1e-12, what="loss")
     assert_close_budget(grad[:, ok], want_g[:, ok], rtol=0.0, atol=1e-10, what="grad")

@@ -68,6 +68,7 @@ import torch
 from numba import njit
 
 from .._core.numba_pool import run_jobs
+from .checks import ctc_values
 
 NEG_INF = -np.inf
 INF = np.inf
@@ -80,7 +81,7 @@ Z_MIN = 2.0**-1000
 # _exp returns 0 below this (exp(-708) ~ 3.3e-308 is still a normal number).
 EXP_MIN = -708.0
 
-FAST, FALLBACK, INFEASIBLE, EXTENDED = 0, 1, 2, 3
+FAST, FALLBACK, INFEASIBLE, EXTENDED, POISONED = 0, 1, 2, 3, 4
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238
@@ -140,12 +141,65 @@ def _logaddexp(a, b):
 
 
 @njit(cache=True, error_model="numpy")
-def _labels(tgt, Lb, blank):
+def _labels(targets, toff, b, Lb, blank):
+    """Blank then sequence ``b``'s labels: row ``b`` of padded ``(B, S)`` targets
+    (``toff`` empty), or ``targets[0, toff[b]:]`` of concatenated ones (``(1, N)``)."""
     lab = np.empty(Lb + 1, np.int64)
     lab[0] = blank
-    for j in range(Lb):
-        lab[j + 1] = tgt[j]
+    if toff.shape[0] == 0:
+        for j in range(Lb):
+            lab[j + 1] = targets[b, j]
+    else:
+        n = targets.shape[1]
+        for j in range(Lb):
+            lab[j + 1] = targets[0, min(toff[b] + j, n - 1)]  # clamped: validate=False reads
     return lab
+
+
+@njit(cache=True, error_model="numpy")
+def _poisoned(x, tb_layout, b, Tb, C):
+    """Whether a frame ``t < T_b`` of sequence ``b`` holds NaN or ``+inf`` (any class)."""
+    for t in range(Tb):
+        for c in range(C):
+            v = x[t, b, c] if tb_layout else x[b, t, c]
+            if not v < INF:
+                return True
+    return False
+
+
+@njit(cache=True, error_model="numpy")
+def _check_values(targets, concat, il, tl, T, C, blank):
+    """The CTC value checks in one pass; 0 when they all hold, else nonzero (the
+    caller then runs the Python checks, which raise the error naming the input).
+    Also returns the concatenated targets' offsets (empty for padded targets)."""
+    B = il.shape[0]
+    width = targets.shape[1]
+    toff = np.zeros(B if concat else 0, np.int64)
+    for b in range(B):
+        if il[b] < 0 or il[b] > T or tl[b] < 0 or tl[b] > width:
+            return 1, toff
+    off = 0
+    for b in range(B):
+        if concat:
+            toff[b] = off
+        for s in range(tl[b]):
+            v = targets[0, off + s] if concat else targets[b, s]
+            if v < 0 or v >= C or v == blank:
+                return 2, toff
+        off += tl[b] if concat else 0
+    if concat and off != width:
+        return 3, toff
+    return 0, toff
+
+
+@njit(cache=True, error_model="numpy")
+def _offsets(tl):
+    toff = np.empty(tl.shape[0], np.int64)
+    off = 0
+    for b in range(tl.shape[0]):
+        toff[b] = off
+        off += max(tl[b], 0)
+    return toff
 
 
 @njit(cache=True, error_model="numpy")
@@ -984,8 +1038,8 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status, mode,
-             seg, b):
+def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss, status,
+             mode, seg, b):
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
@@ -997,9 +1051,18 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
     C = x.shape[2]
     Tb = il[b]
     Lb = tl[b]
-    lab = _labels(targets[b], Lb, blank)
     if compute_grad:
         _zero_rows(grad, tb_layout, b, Tb, T)
+    if _poisoned(x, tb_layout, b, Tb, C):
+        # The values policy (API.md): NaN loss and gradient rows, this sequence only.
+        loss[b] = np.nan
+        status[b] = POISONED
+        if compute_grad:
+            for t in range(Tb):
+                g = _row(grad, tb_layout, t, b)
+                g[:] = np.nan
+        return
+    lab = _labels(targets, toff, b, Lb, blank)
     repeats = 0
     for j in range(1, Lb):
         repeats += lab[j + 1] == lab[j]
@@ -1023,34 +1086,44 @@ def _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, lo
 
 # --------------------------------------------------------------------------- entry point
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_chunk(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status,
-               mode, seg, order, chunk, job):
-    """Sequences ``order[job * chunk : (job + 1) * chunk]``, one ``_ctc_seq`` each.
+def _ctc_chunk(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
+               status, mode, seg, order, chunk, job):
+    """Sequences ``order[job * chunk : (job + 1) * chunk]`` (``order`` empty: the
+    identity), one ``_ctc_seq`` each.
 
     One dispatch from Python per chunk, not per sequence: a Numba call unboxes its
     arguments under the GIL (~10 us for these), as long as a short sequence's whole
     recursion, so per-sequence calls from a thread pool would mostly wait on the GIL.
     """
-    for k in range(job * chunk, min(order.shape[0], (job + 1) * chunk)):
-        _ctc_seq(x, tb_layout, targets, il, tl, blank, fused, compute_grad, grad, loss, status,
-                 mode, seg, order[k])
+    B = il.shape[0]
+    for k in range(job * chunk, min(B, (job + 1) * chunk)):
+        _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
+                 status, mode, seg, order[k] if order.shape[0] else k)
 
 
 def _run_batch(args: tuple, B: int) -> None:
-    """Run ``_ctc_seq`` for every sequence on the shared pool, longest first, in chunks.
+    """Run ``_ctc_seq`` for every sequence on the shared pool, in chunks, longest first.
 
     Why a thread pool and not ``prange``: a ``parallel=True`` driver around these
     functions took 25-45 s to compile (parfor lowering) on top of their own ~20 s,
     on every fresh install and for each dtype, and OpenMP's threads hang forked
     DataLoader workers; GIL-free calls give the same parallelism over the batch
-    (sequences are independent: bit-deterministic whatever the schedule). Chunks of
-    sequences (about four per thread, longest first) keep the per-call overhead low
-    and the load balanced.
+    (sequences are independent: bit-deterministic whatever the schedule). A chunk is
+    a contiguous range of sequences (about four chunks per thread), started in order
+    of their total frames: in the ``(T, B, C)`` layout neighbouring sequences' rows
+    share cache lines, and sequences interleaved between threads made every gradient
+    write a false-sharing miss (T=26, B=64, C=7: two threads took 1.8x one thread's
+    time, chunks of neighbours 0.55x).
     """
     n = max(1, min(torch.get_num_threads(), B))
-    order = np.argsort(-args[3], kind="stable") if n > 1 else np.arange(B)
-    chunk = B if n == 1 else max(1, -(-B // (4 * n)))
-    run_jobs(_ctc_chunk, (*args, order, chunk), range(-(-B // chunk)))
+    if n == 1:
+        _ctc_chunk(*args, _ORDER_NONE, B, 0)
+        return
+    chunk = max(1, -(-B // (4 * n)))
+    jobs = -(-B // chunk)
+    il = args[4]
+    cost = np.add.reduceat(il, np.arange(0, B, chunk)) if jobs > 1 else None
+    run_jobs(_ctc_chunk, (*args, _ORDER_NONE, chunk), range(jobs), order=cost)
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -1062,6 +1135,18 @@ def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return x.contiguous(), True
 
 
+def _host_i64(t: torch.Tensor) -> np.ndarray:
+    if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous():
+        t = t.to(device="cpu", dtype=torch.int64).contiguous()
+    return t.detach().numpy()
+
+
+# The op asks the backend whether its kernel checks the lengths and ids and applies the
+# NaN policy itself (one Numba pass; the Python checks and ``poison_nonfinite`` cost
+# ~35 us a call, most of a small batch's budget).
+CHECKS_VALUES = True
+
+
 def ctc_loss_forward(
     log_probs: torch.Tensor,
     targets: torch.Tensor,
@@ -1071,46 +1156,69 @@ def ctc_loss_forward(
     fused_log_softmax: bool,
     compute_grad: bool,
     *,
+    validate: bool = False,
     _status: list | None = None,
     _path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sequence CTC loss and gradient; see ``seqloss.reference.ctc.ctc_loss_forward``.
+    """Per-sequence CTC loss and gradient; see ``seqloss.ctc.reference.ctc_loss_forward``.
+
+    Unlike the other backends it also takes concatenated 1-D targets, checks the
+    values itself when ``validate`` (raising the same errors as ``ctc_values``,
+    before anything is computed), and applies the NaN policy in the kernel (a
+    sequence with NaN or ``+inf`` in a read frame: NaN loss and gradient rows).
 
     Testing hooks: ``_status``, a list that receives the per-sequence path taken
-    (``"fast"``, ``"extended"``, ``"logspace"`` or ``"infeasible"``); ``_path``
-    (``"auto"``, ``"extended"``, ``"logspace"``) skips the faster paths.
+    (``"fast"``, ``"extended"``, ``"logspace"``, ``"infeasible"`` or ``"nonfinite"``);
+    ``_path`` (``"auto"``, ``"extended"``, ``"logspace"``) skips the faster paths.
     """
     T, B, C = log_probs.shape
     in_dtype = log_probs.dtype
-    out_dtype = torch.float64 if in_dtype == torch.float64 else torch.float32
     work = torch.float64 if in_dtype == torch.float64 else torch.float32
+    tg = _host_i64(targets)
+    concat = tg.ndim == 1
+    tg = tg.reshape(1, -1) if concat else tg
+    il = _host_i64(input_lengths)
+    tl = _host_i64(target_lengths)
+    if validate:
+        bad, toff = _check_values(tg, concat, il, tl, T, C, int(blank))
+        if bad:
+            ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=True)
+            raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable
+    else:
+        toff = _offsets(tl) if concat else _NO_OFFSETS
     x = log_probs.detach()
     if x.dtype != work:
         x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
     xv, tb_layout = _as_layout(x)
     if compute_grad:
-        gshape = (T, B, C) if tb_layout else (B, T, C)
-        gbuf = torch.empty(gshape, dtype=work)
+        gbuf = torch.empty((T, B, C) if tb_layout else (B, T, C), dtype=work)
         gview = gbuf.numpy()
         grad = gbuf if tb_layout else gbuf.transpose(0, 1)
     else:
-        gview = np.empty((0, 0, 0), dtype=np.float64 if work == torch.float64 else np.float32)
+        gview = _NO_GRAD64 if work == torch.float64 else _NO_GRAD32
         grad = None
-    tg = targets.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
-    il = input_lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
-    tl = target_lengths.detach().to(device="cpu", dtype=torch.int64).contiguous().numpy()
     loss = np.empty(B, dtype=np.float64)
     status = np.empty(B, dtype=np.int64)
     if B > 0:
-        mode = {"auto": 0, "extended": 1, "logspace": 2}[_path]
-        _run_batch((xv.numpy(), tb_layout, tg, il, tl, int(blank), bool(fused_log_softmax),
+        mode = _MODES[_path]
+        _run_batch((xv.numpy(), tb_layout, tg, toff, il, tl, int(blank), bool(fused_log_softmax),
                     bool(compute_grad), gview, loss, status, mode, int(_SEGMENT_OVERRIDE)), B)
     if _status is not None:
-        names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended"}
+        names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",
+                 POISONED: "nonfinite"}
         _status.extend(names[int(s)] for s in status)
-    loss_t = torch.from_numpy(loss).to(out_dtype)
+    loss_t = torch.from_numpy(loss)
+    if work == torch.float32:
+        loss_t = loss_t.to(torch.float32)
     if grad is None:
         return loss_t, log_probs.new_empty(0)
     if grad.dtype != in_dtype:
         grad = grad.to(in_dtype)
     return loss_t, grad
+
+
+_MODES = {"auto": 0, "extended": 1, "logspace": 2}
+_NO_OFFSETS = np.zeros(0, np.int64)
+_ORDER_NONE = np.zeros(0, np.int64)
+_NO_GRAD32 = np.empty((0, 0, 0), np.float32)
+_NO_GRAD64 = np.empty((0, 0, 0), np.float64)
