@@ -196,10 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"seqloss {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench}")
 
-    d = sub.add_parser("demo", help="train tiny CTC and RNN-T models on CPU in about a minute",
-                       description="Train tiny CTC and RNN-T models on an embedded synthetic task "
-                       "(no download), compare with torch's ctc_loss, show half precision and an "
-                       "impossible sequence, and write an alignment heatmap PNG.")
+    d = sub.add_parser("demo", help="train tiny CTC, RNN-T and TDT models on CPU in about a "
+                       "minute",
+                       description="Train tiny CTC, RNN-T and TDT models on an embedded synthetic "
+                       "task (no download), count the decoding steps TDT saves, compare with "
+                       "torch's ctc_loss, show half precision and an impossible sequence, and "
+                       "write an alignment heatmap PNG.")
     d.add_argument("--steps", type=_positive_int, default=300,
                    help="training steps per model (default 300)")
     d.add_argument("--out", default="seqloss-demo", metavar="DIR",

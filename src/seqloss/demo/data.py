@@ -153,24 +153,94 @@ def ctc_greedy(log_probs: Tensor, lengths: Tensor) -> list[list[int]]:
     return out
 
 
+TDT_DURATIONS = (0, 1, 2, 3, 4)
+
+
+class TinyTDT(TinyRNNT):
+    """:class:`TinyRNNT` whose joint also predicts a duration: ``forward(x, targets) ->
+    logits (B, T, U+1, C + D)``, the ``C`` token logits then ``D = len(durations)``
+    duration logits, for ``seqloss.tdt_loss`` with ``blank=BLANK``."""
+
+    def __init__(self, hidden: int = HIDDEN, durations: tuple[int, ...] = TDT_DURATIONS) -> None:
+        super().__init__(hidden=hidden)
+        self.durations = tuple(durations)
+        self.out = nn.Linear(hidden, NUM_CLASSES + len(self.durations))
+
+
 @torch.no_grad()
-def rnnt_greedy(model: TinyRNNT, x: Tensor, lengths: Tensor, max_symbols: int = 3) -> list[list[int]]:
-    """Frame-synchronous greedy decoding, at most ``max_symbols`` emissions per frame."""
+def rnnt_greedy_steps(model: TinyRNNT, x: Tensor, lengths: Tensor,
+                      max_symbols: int = 3) -> tuple[list[list[int]], list[int]]:
+    """Frame-synchronous greedy decoding, at most ``max_symbols`` emissions per frame.
+
+    Returns the hypotheses and, per utterance, the decoding steps: the joint
+    evaluations (one per emission, plus the blank that ends each frame).
+    """
     enc = model.enc_proj(model.encoder(x))
-    out = []
+    out, steps = [], []
     for b in range(x.shape[0]):
         y = torch.full((1, 1), BLANK, dtype=torch.int64)
         pred, state = model.predict(y)
         seq: list[int] = []
+        n = 0
         for t in range(int(lengths[b])):
             for _ in range(max_symbols):
                 k = int(model.joint(enc[b, t], pred[0, 0]).argmax())
+                n += 1
                 if k == BLANK:
                     break
                 seq.append(k)
                 pred, state = model.predict(torch.tensor([[k]]), state)
         out.append(seq)
-    return out
+        steps.append(n)
+    return out, steps
+
+
+def rnnt_greedy(model: TinyRNNT, x: Tensor, lengths: Tensor, max_symbols: int = 3) -> list[list[int]]:
+    """Frame-synchronous greedy decoding, at most ``max_symbols`` emissions per frame."""
+    return rnnt_greedy_steps(model, x, lengths, max_symbols)[0]
+
+
+@torch.no_grad()
+def tdt_greedy(model: TinyRNNT, x: Tensor, lengths: Tensor, durations: tuple[int, ...],
+               max_symbols: int = 3) -> tuple[list[list[int]], list[int]]:
+    """Greedy TDT decoding (Xu et al., 2023), as NeMo's greedy TDT decoder.
+
+    At each step the joint's argmax token and argmax duration: a token is emitted
+    (and fed to the predictor), then the decoder jumps that many frames; a blank
+    jumps at least one frame (a blank of duration 0 would loop). After
+    ``max_symbols`` emissions without leaving a frame it moves on by one. The joint's
+    last ``len(durations)`` outputs are the duration logits.
+
+    Returns the hypotheses and, per utterance, the decoding steps (joint evaluations).
+    """
+    enc = model.enc_proj(model.encoder(x))
+    D = len(durations)
+    out, steps = [], []
+    for b in range(x.shape[0]):
+        y = torch.full((1, 1), BLANK, dtype=torch.int64)
+        pred, state = model.predict(y)
+        seq: list[int] = []
+        n = t = here = 0
+        Tb = int(lengths[b])
+        while t < Tb:
+            z = model.joint(enc[b, t], pred[0, 0])
+            n += 1
+            k = int(z[:-D].argmax())
+            d = int(durations[int(z[-D:].argmax())])
+            if k == BLANK:
+                d = max(d, 1)
+            else:
+                seq.append(k)
+                pred, state = model.predict(torch.tensor([[k]]), state)
+                here += 1
+                if d == 0 and here >= max_symbols:
+                    d = 1
+            if d > 0:
+                here = 0
+            t += d
+        out.append(seq)
+        steps.append(n)
+    return out, steps
 
 
 def edit_distance(a: list[int], b: list[int]) -> int:

@@ -1,7 +1,8 @@
 """``seqloss demo``: a one-minute tour on CPU, with nothing to download.
 
-Trains a tiny CTC model (and a tiny RNN-T model when ``seqloss.rnnt_loss`` exists) on
-the synthetic task of :mod:`seqloss.demo.data`, then shows seqloss beside torch's
+Trains a tiny CTC model, a tiny RNN-T model and a tiny TDT model (the RNN-T model
+with a duration head; the demo counts the decoding steps it saves) on the synthetic
+task of :mod:`seqloss.demo.data`, then shows seqloss beside torch's
 ``ctc_loss`` on the same batch, a half-precision batch, an impossible sequence, and
 writes an alignment heatmap.
 """
@@ -87,26 +88,63 @@ def train_ctc(steps: int, seed: int, backend: str, console: Console) -> tuple[D.
     return model, losses
 
 
-def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyRNNT, list[float]]:
-    torch.manual_seed(seed)
+def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: int,  # noqa: ANN001
+                      console: Console) -> list[float]:
+    # The same batches for every transducer (seed + 1), so that they compare.
     g = torch.Generator().manual_seed(seed + 1)
-    model = D.TinyRNNT()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses: list[float] = []
     with _progress(console) as prog:
-        task = prog.add_task("RNN-T training", total=steps, loss=float("nan"))
+        task = prog.add_task(f"{label} training", total=steps, loss=float("nan"))
         for _ in range(steps):
             b = make_train_batch(g)
             logits = model(b.x, b.targets)
-            loss = seqloss.rnnt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
-                                     blank=D.BLANK, reduction="mean", backend=backend)
+            loss = loss_fn(logits, b)
             # The transducer "mean" is per sequence; per label reads like the CTC loss.
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()) / float(b.target_lengths.float().mean()))
             prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
-    return model, losses
+    return losses
+
+
+def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyRNNT, list[float]]:
+    torch.manual_seed(seed)
+    model = D.TinyRNNT()
+
+    def loss_fn(logits: torch.Tensor, b: D.Batch) -> torch.Tensor:
+        return seqloss.rnnt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
+                                 blank=D.BLANK, reduction="mean", backend=backend)
+
+    return model, _train_transducer(model, loss_fn, "RNN-T", steps, seed, console)
+
+
+def train_tdt(steps: int, seed: int, backend: str,
+              console: Console) -> tuple[D.TinyTDT, list[float]]:
+    torch.manual_seed(seed)
+    model = D.TinyTDT()
+
+    def loss_fn(logits: torch.Tensor, b: D.Batch) -> torch.Tensor:
+        return seqloss.tdt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
+                                model.durations, blank=D.BLANK, reduction="mean",
+                                backend=backend)
+
+    return model, _train_transducer(model, loss_fn, "TDT  ", steps, seed, console)
+
+
+def decoding_steps(truth: list[list[int]], rnnt: tuple[list[list[int]], list[int]],
+                   tdt: tuple[list[list[int]], list[int]], frames: int) -> Table:
+    """RNN-T and TDT greedy decoding side by side: error rate and decoding steps."""
+    t = Table()
+    t.add_column("model")
+    t.add_column("label error rate", justify="right")
+    t.add_column("decoding steps", justify="right")
+    t.add_column("steps per frame", justify="right")
+    for name, (hyp, steps) in (("RNN-T", rnnt), ("TDT", tdt)):
+        n = sum(steps)
+        t.add_row(name, f"{_ler(truth, hyp):.1%}", str(n), f"{n / max(1, frames):.2f}")
+    return t
 
 
 DEFAULT_STEPS = 300
@@ -337,11 +375,25 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
     _heading(console, "RNN-T loss (per label) falling")
     console.print(_loss_table(r_losses, steps))
-    r_hyp = D.rnnt_greedy(rnnt_model, test.x[:16], test.input_lengths[:16])
+    r_hyp, r_steps = D.rnnt_greedy_steps(rnnt_model, test.x[:16], test.input_lengths[:16])
     _heading(console, "RNN-T greedy decode against the truth (held-out)")
     console.print(_decode_table(truth, r_hyp))
     console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
     _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
+
+    tdt_model, t_losses = train_tdt(steps, seed, backend, console)
+    _heading(console, f"TDT loss (per label) falling (durations {list(tdt_model.durations)})")
+    console.print(_loss_table(t_losses, steps))
+    t_hyp, t_steps = D.tdt_greedy(tdt_model, test.x[:16], test.input_lengths[:16],
+                                  tdt_model.durations)
+    frames = int(test.input_lengths[:16].sum())
+    _heading(console, "RNN-T and TDT greedy decoding on 16 held-out utterances "
+             f"({frames} frames; a step is one joint evaluation)")
+    console.print(decoding_steps(truth[:16], (r_hyp, r_steps), (t_hyp, t_steps), frames))
+    saved = sum(r_steps) - sum(t_steps)
+    console.print(f"TDT decodes in {sum(t_steps)} steps where RNN-T takes {sum(r_steps)}: "
+                  f"{saved} fewer ({saved / max(1, sum(r_steps)):.0%}), by jumping over frames.")
+    _undertrained_hint(console, _ler(truth[:16], t_hyp), steps)
 
     console.rule("seqloss beside torch.nn.functional.ctc_loss")
     compare_with_torch(model, test, backend, console)
