@@ -64,51 +64,76 @@ def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
             beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u], arc_emit[t, u, 0] + beta[t, u + 1])
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _lse(buf, n):  # noqa: ANN001, ANN202
+    """``log sum exp`` of ``buf[:n]``: the max, then one ``exp`` per term and one ``log``
+    (not ``n - 1`` guarded logaddexps: half the transcendental calls on a many-arc
+    state). ``-inf`` terms are exact zeros; a NaN term gives NaN; no epsilon."""
+    m = NEG_INF
+    for k in range(n):
+        v = buf[k]
+        if v > m or v != v:
+            m = v
+            if v != v:
+                return v
+    if m == NEG_INF or m == math.inf:
+        return m
+    s = 0.0
+    for k in range(n):
+        s += math.exp(buf[k] - m)
+    return m + math.log(s)
+
+
 @njit(cache=True, nogil=True)
 def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):  # noqa: ANN001, ANN202
     """Forward variables of one sequence (states t <= Tb, u <= Ub).
 
     ``ce`` (emit_can_end): 1 lets an emission land on frame ``Tb``, 0 stops it at ``Tb - 1``.
     """
-    neg = arc_blank.dtype.type(NEG_INF)
+    buf = np.empty(bd.shape[0] + ed.shape[0], dtype=np.float64)
     for t in range(Tb + 1):
         for u in range(Ub + 1):
             if t == 0 and u == 0:
                 alpha[0, 0] = 0.0
                 continue
-            acc = neg
+            n = 0
             for i in range(bd.shape[0]):
                 ts = t - bd[i]
                 if ts >= 0:
-                    acc = _lae(acc, alpha[ts, u] + arc_blank[ts, u, i])
+                    buf[n] = alpha[ts, u] + arc_blank[ts, u, i]
+                    n += 1
             if u > 0 and t < Tb + ce:
                 for j in range(ed.shape[0]):
                     ts = t - ed[j]
                     if 0 <= ts < Tb:  # arcs leave frames t < Tb only
-                        acc = _lae(acc, alpha[ts, u - 1] + arc_emit[ts, u - 1, j])
-            alpha[t, u] = acc
+                        buf[n] = alpha[ts, u - 1] + arc_emit[ts, u - 1, j]
+                        n += 1
+            alpha[t, u] = _lse(buf, n)
 
 
 @njit(cache=True, nogil=True)
 def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):  # noqa: ANN001, ANN202
     """Backward variables of one sequence; beta(Tb, Ub) = 0."""
     neg = arc_blank.dtype.type(NEG_INF)
+    buf = np.empty(bd.shape[0] + ed.shape[0], dtype=np.float64)
     for u in range(Ub + 1):
         beta[Tb, u] = neg
     beta[Tb, Ub] = 0.0
     for t in range(Tb - 1, -1, -1):
         for u in range(Ub, -1, -1):
-            acc = neg
+            n = 0
             for i in range(bd.shape[0]):
                 td = t + bd[i]
                 if td <= Tb:
-                    acc = _lae(acc, arc_blank[t, u, i] + beta[td, u])
+                    buf[n] = arc_blank[t, u, i] + beta[td, u]
+                    n += 1
             if u < Ub:
                 for j in range(ed.shape[0]):
                     td = t + ed[j]
                     if td < Tb + ce:
-                        acc = _lae(acc, arc_emit[t, u, j] + beta[td, u + 1])
-            beta[t, u] = acc
+                        buf[n] = arc_emit[t, u, j] + beta[td, u + 1]
+                        n += 1
+            beta[t, u] = _lse(buf, n)
 
 
 @njit(cache=True, nogil=True)
@@ -226,5 +251,3 @@ def _rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll):  
     occ_e[:, :, : U1 - 1].add_(ae[:, :, : U1 - 1, 0]).add_(beta[:, :T, 1:]).exp_()
     occ_e.masked_fill_(~(src & (uu < Ub)), 0.0)
     return occ_b[..., None], occ_e[..., None]
-
-
