@@ -172,6 +172,8 @@ def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
     if isinstance(targets, torch.Tensor):
         if targets.dtype not in INDEX_DTYPES:
             raise InputTypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
+        if targets.dtype == torch.int64 and targets.device == device:
+            return targets
         return targets.to(device=device, dtype=torch.int64)
     if isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)):
         try:

@@ -92,6 +92,12 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+_LOADED: dict[tuple[str, str], ModuleType] = {}
+
+
 def kernel_module(family: str, backend: str) -> ModuleType:
     """The module implementing ``family`` ("ctc", "transducer", ...) on ``backend``."""
-    return importlib.import_module(_MODULES[family][backend])
+    mod = _LOADED.get((family, backend))
+    if mod is None:  # import_module costs ~4 us a call even for a loaded module
+        mod = _LOADED[(family, backend)] = importlib.import_module(_MODULES[family][backend])
+    return mod

@@ -90,7 +90,7 @@ def ctc_loss(
         log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
         name, compute_grad, bool(validate),
     )
-    if log_probs.dtype in (torch.float32, torch.float64):
+    if loss.dtype != log_probs.dtype and log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)
     return loss
 

@@ -1043,7 +1043,7 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
-    Updates: ``loss[b]`` (float64), ``status[b]`` (FAST / EXTENDED / FALLBACK /
+    Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST / EXTENDED / FALLBACK /
     INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``.
     Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
     """
@@ -1136,9 +1136,9 @@ def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 def _host_i64(t: torch.Tensor) -> np.ndarray:
-    if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous():
-        t = t.to(device="cpu", dtype=torch.int64).contiguous()
-    return t.detach().numpy()
+    if t.dtype != torch.int64 or not t.is_cpu or not t.is_contiguous() or t.requires_grad:
+        t = t.detach().to(device="cpu", dtype=torch.int64).contiguous()
+    return t.numpy()
 
 
 # The op asks the backend whether its kernel checks the lengths and ids and applies the
@@ -1197,7 +1197,8 @@ def ctc_loss_forward(
     else:
         gview = _NO_GRAD64 if work == torch.float64 else _NO_GRAD32
         grad = None
-    loss = np.empty(B, dtype=np.float64)
+    # float32 losses are stored straight from the float64 accumulators (one rounding)
+    loss = np.empty(B, dtype=np.float64 if work == torch.float64 else np.float32)
     status = np.empty(B, dtype=np.int64)
     if B > 0:
         mode = _MODES[_path]
@@ -1208,8 +1209,6 @@ def ctc_loss_forward(
                  POISONED: "nonfinite"}
         _status.extend(names[int(s)] for s in status)
     loss_t = torch.from_numpy(loss)
-    if work == torch.float32:
-        loss_t = loss_t.to(torch.float32)
     if grad is None:
         return loss_t, log_probs.new_empty(0)
     if grad.dtype != in_dtype:
