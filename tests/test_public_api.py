@@ -10,6 +10,7 @@ PUBLIC = {
     "CTCLoss", "InputError", "RNNTLoss", "ctc_align", "ctc_loss", "diagnose", "grad_clamp",
     "rnnt_align", "rnnt_loss", "rnnt_loss_packed", "transducer_lattice",
     "MultiBlankRNNTLoss", "TDTLoss", "multiblank_rnnt_loss", "tdt_loss",
+    "logmmexp",
 }
 
 

@@ -7,6 +7,7 @@ from ._core.grad_clamp import grad_clamp
 from .align import ctc_align, rnnt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
+from .logmm import logmmexp
 from .transducer import (
     MultiBlankRNNTLoss,
     RNNTLoss,
@@ -30,6 +31,7 @@ __all__ = [
     "ctc_loss",
     "diagnose",
     "grad_clamp",
+    "logmmexp",
     "multiblank_rnnt_loss",
     "rnnt_align",
     "rnnt_loss",

@@ -33,6 +33,7 @@ _MODULES = {
         "lattice": "seqloss.transducer.lattice",
         "joint": "seqloss.transducer.joint",
         "align": "seqloss.align",
+        "logmm": "seqloss.logmm",
     }.items()
 }
 

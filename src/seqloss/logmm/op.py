@@ -1,0 +1,112 @@
+"""``seqloss::logmmexp`` and ``seqloss::logmmexp_backward``: the torch.library ops.
+
+Unlike the losses, the gradient cannot be computed in the forward pass (it depends
+on the incoming ``(..., M, N)`` gradient), so the backward is an op of its own: the
+two softmax-weighted matmuls of the backend. Both ops take and return 3-D tensors;
+the public function broadcasts the leading dimensions and reshapes around them.
+The forward returns the accumulation dtype (float32 for half inputs) so that the
+backward's weights ``exp(a + b - out)`` use an unrounded ``out``; the public
+function casts the result to the input dtype. In eager mode the same
+implementations run behind a plain ``autograd.Function`` (the library's Python
+dispatch costs ~30 us a call, see ``_core.ops``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._core.dispatch import kernel_module
+from .._core.ops import _acc_dtype, _is_traced
+
+
+def logmmexp_impl(a: Tensor, b: Tensor, backend: str) -> Tensor:
+    """``(B, M, N)`` in the accumulation dtype; ``a (B, M, K)``, ``b (B, K, N)`` checked."""
+    acc = _acc_dtype(a.dtype)
+    kern = kernel_module("logmm", backend)
+    return kern.logmmexp_forward(a.detach().to(acc), b.detach().to(acc))
+
+
+def logmmexp_backward_impl(
+    g: Tensor, a: Tensor, b: Tensor, out: Tensor, backend: str, need_a: bool, need_b: bool
+) -> tuple[Tensor, Tensor]:
+    """``(grad_a, grad_b)`` in the inputs' dtypes; one not needed is returned empty."""
+    acc = _acc_dtype(a.dtype)
+    kern = kernel_module("logmm", backend)
+    ga, gb = kern.logmmexp_backward(
+        g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach().to(acc),
+        need_a, need_b,
+    )
+    ga = ga.to(a.dtype) if need_a else a.new_empty(0)
+    gb = gb.to(b.dtype) if need_b else b.new_empty(0)
+    return ga, gb
+
+
+logmmexp_op = torch.library.custom_op("seqloss::logmmexp", logmmexp_impl, mutates_args=())
+logmmexp_backward_op = torch.library.custom_op(
+    "seqloss::logmmexp_backward", logmmexp_backward_impl, mutates_args=()
+)
+
+
+@logmmexp_op.register_fake
+def _(a, b, backend):  # noqa: ANN001
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=_acc_dtype(a.dtype))
+
+
+@logmmexp_backward_op.register_fake
+def _(g, a, b, out, backend, need_a, need_b):  # noqa: ANN001
+    ga = torch.empty_like(a) if need_a else a.new_empty(0)
+    gb = torch.empty_like(b) if need_b else b.new_empty(0)
+    return ga, gb
+
+
+def _no_double_backward(ctx, *grads):  # noqa: ANN001, ANN002
+    raise RuntimeError("seqloss: double backward of logmmexp is not supported")
+
+
+logmmexp_backward_op.register_autograd(_no_double_backward)
+
+
+def _setup(ctx, inputs, output):  # noqa: ANN001
+    a, b, backend = inputs
+    ctx.backend = backend
+    ctx.save_for_backward(a, b, output)
+
+
+def _backward(ctx, g):  # noqa: ANN001
+    a, b, out = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ga, gb = logmmexp_backward_op(g, a, b, out, ctx.backend, need_a, need_b)
+    return (ga if need_a else None), (gb if need_b else None), None
+
+
+logmmexp_op.register_autograd(_backward, setup_context=_setup)
+
+
+class _EagerLogmm(torch.autograd.Function):
+    """The op's implementation behind a plain ``autograd.Function`` (eager mode only)."""
+
+    @staticmethod
+    def forward(ctx, a, b, backend):  # noqa: ANN001, ANN205
+        out = logmmexp_impl(a, b, backend)
+        ctx.backend = backend
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        if torch.is_grad_enabled():  # create_graph=True
+            raise RuntimeError("seqloss: double backward of logmmexp is not supported")
+        a, b, out = ctx.saved_tensors
+        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ga, gb = logmmexp_backward_impl(g, a, b, out, ctx.backend, need_a, need_b)
+        return (ga if need_a else None), (gb if need_b else None), None
+
+
+def call_logmmexp(a: Tensor, b: Tensor, backend: str) -> Tensor:
+    """The registered op while tracing, the eager ``autograd.Function`` otherwise."""
+    if _is_traced(a) or _is_traced(b):
+        return logmmexp_op(a, b, backend)
+    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
+        return logmmexp_impl(a, b, backend)
+    return _EagerLogmm.apply(a, b, backend)
