@@ -1,0 +1,197 @@
+r"""Arc tables of the factored-joint losses, and the lattice under them.
+
+k2/fast_rnnt reduce every flavour to ``px (B, S, T[+1])`` (a symbol's score) and
+``py (B, S+1, T)`` (the termination symbol's) fed to one recursion. Here the same
+scores are laid out as the arcs of ``seqloss.transducer_lattice``, ``(B, T, S+1)``
+(time first), with ``arc_emit[b, t, s] = px[b, s, t]`` and
+``arc_blank[b, t, s] = py[b, s, t]``:
+
+* ``regular``: an emission stays on its frame (``emit_durations=(0,)``); the path
+  ends on the last frame's termination symbol. k2's ``px[:, :, T]`` column
+  (``-inf``) is the lattice's own rule that no emission leaves frame ``T_b``.
+* ``modified``: an emission advances one frame (``emit_durations=(1,)``) and may
+  end the path (``emit_can_end=True``): every frame emits one symbol or the
+  termination symbol.
+* ``constrained``: as ``modified``, but an emission of ``y`` on frame ``t`` also
+  pays the termination symbol from the next context on the same frame:
+  ``arc_emit[t, s] += arc_blank[t, s + 1]`` (k2's ``px += py[:, 1:]``).
+
+A boundary ``[s_begin, t_begin, s_end, t_end]`` is a sub-lattice: the arcs are
+shifted so that ``(t_begin, s_begin)`` becomes the lattice's ``(0, 0)``, with
+``T_b = t_end - t_begin`` and ``U_b = s_end - s_begin``; the occupations are
+shifted back. The delay penalty (k2 issue 955) adds
+``delay_penalty * ((t_end - 1) / 2 - t)`` to every emission on absolute frame ``t``.
+
+No epsilon anywhere: the additive joint's normalizer
+``log sum_c exp(am[t, c] + lm[s, c])`` is ``seqloss.logmmexp(am, lm^T)``, exact
+at any scale (k2 adds ``finfo.tiny`` to a max-shifted matmul, which underflows
+when the two maxima sit on different classes).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..lattice.op import lattice_op
+
+NEG_INF = float("-inf")
+
+
+def _logmmexp(a: Tensor, b: Tensor, backend: str) -> Tensor:
+    from ...logmm import logmmexp  # the logmm family (imported at call time: no cycle)
+
+    return logmmexp(a, b, backend=backend)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half inputs are scored in float32 (the loss is float32 for them, API.md)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _constrain(emit: Tensor, blank: Tensor) -> Tensor:
+    # k2's "constrained": px += py[:, 1:] -- the emission pays the forced termination
+    # symbol of the next context on the same frame. Row S emits nothing (-inf pad).
+    pad = blank.new_full((*blank.shape[:2], 1), NEG_INF)
+    return emit + torch.cat((blank[:, :, 1:], pad), dim=2)
+
+
+def delay_penalty_term(delay_penalty: float, lens: Tensor, T: int, dtype: torch.dtype) -> Tensor:
+    """``(B, T, 1)``: ``delay_penalty * ((t_end - 1) / 2 - t)`` on absolute frame ``t``."""
+    t_end = (lens[:, 1] + lens[:, 3]).to(dtype)
+    t = torch.arange(T, device=lens.device, dtype=dtype)
+    return (delay_penalty * ((t_end[:, None] - 1) / 2 - t[None, :]))[:, :, None]
+
+
+def simple_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: str,
+                backend: str) -> tuple[Tensor, Tensor]:
+    """``(arc_emit, arc_blank)``, ``(B, T, S+1)``, of the additive joint ``am[t] + lm[s]``."""
+    B, T, _ = am.shape
+    S1 = lm.shape[1]
+    norm = _logmmexp(am, lm.transpose(1, 2), backend)  # (B, T, S+1): log sum_c e^{am + lm}
+    am_sym = am.gather(2, sym_ext[:, None, :].expand(B, T, S1))  # am[b, t, y_{s+1}]
+    lm_sym = lm.gather(2, sym_ext[:, :, None]).transpose(1, 2)  # (B, 1, S+1)
+    emit = am_sym + lm_sym - norm
+    blank = am[:, :, term, None] + lm[:, None, :, term] - norm
+    if rnnt_type == "constrained":
+        emit = _constrain(emit, blank)
+    return emit, blank
+
+
+def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: str,
+                  lm_only_scale: float, am_only_scale: float, lens: Tensor, backend: str
+                  ) -> tuple[Tensor, Tensor]:
+    r"""k2's smoothed arcs: the log-linear mix of the joint, LM-only and AM-only scores.
+
+    ``(1 - l - a) * joint + l * (lm log-softmax) + a * (am + log unigram, normalized)``
+    where the unigram is the LM's softmax averaged over every position a sequence
+    reads (``s_begin <= s <= s_end``; with no boundary, every position of the batch,
+    as k2). A term whose scale is 0 is left out (k2 multiplies by ``1e-20`` instead,
+    so that ``0 * -inf`` is not NaN).
+    """
+    B, T, _ = am.shape
+    S1 = lm.shape[1]
+    combined = 1.0 - lm_only_scale - am_only_scale
+    terms_e, terms_b = [], []
+    am_sym = am.gather(2, sym_ext[:, None, :].expand(B, T, S1))
+    lm_sym = lm.gather(2, sym_ext[:, :, None]).transpose(1, 2)  # (B, 1, S+1)
+    if combined != 0.0:
+        emit, blank = simple_arcs(lm, am, sym_ext, term, "regular", backend)
+        terms_e.append(combined * emit)
+        terms_b.append(combined * blank)
+    lm_lse = torch.logsumexp(lm, dim=2)  # (B, S+1)
+    if lm_only_scale != 0.0:
+        terms_e.append(lm_only_scale * (lm_sym - lm_lse[:, None, :]))
+        terms_b.append(lm_only_scale * (lm[:, None, :, term] - lm_lse[:, None, :]))
+    if am_only_scale != 0.0:
+        s = torch.arange(S1, device=lm.device)[None, :]
+        read = ((s >= lens[:, :1]) & (s <= lens[:, :1] + lens[:, 2:3])).to(lm.dtype)  # (B, S+1)
+        probs = torch.softmax(lm, dim=2)  # (B, S+1, C)
+        # where(), not a product: a padding row may hold anything (NaN included).
+        probs = torch.where(read[:, :, None] > 0, probs, probs.new_zeros(()))
+        unigram = probs.sum(dim=(0, 1)) / read.sum().clamp(min=1)  # (C,)
+        log_uni = torch.log(unigram)  # -inf for a class no read position allows: exact
+        am_norm = torch.logsumexp(am + log_uni, dim=2)  # (B, T)
+        terms_e.append(am_only_scale * (am_sym + log_uni[sym_ext][:, None, :] - am_norm[:, :, None]))
+        terms_b.append(am_only_scale * (am[:, :, term, None] + log_uni[term] - am_norm[:, :, None])
+                       .expand(B, T, S1))
+    emit = terms_e[0]
+    for x in terms_e[1:]:
+        emit = emit + x
+    blank = terms_b[0]
+    for x in terms_b[1:]:
+        blank = blank + x
+    blank = blank.expand(B, T, S1)
+    if rnnt_type == "constrained":
+        emit = _constrain(emit, blank)
+    return emit, blank
+
+
+def pruned_arcs(logits: Tensor, ranges: Tensor, sym_ext: Tensor, term: int, rnnt_type: str
+                ) -> tuple[Tensor, Tensor]:
+    """The pruned joint's window scattered into ``(B, T, S+1)`` arcs, ``-inf`` outside it.
+
+    ``logits[b, t, k]`` is the joint at symbol position ``ranges[b, t, k]``
+    (consecutive from ``ranges[b, t, 0]``).
+    """
+    B, T, R, _ = logits.shape
+    S1 = sym_ext.shape[1]
+    lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
+    win_sym = sym_ext.gather(1, ranges.reshape(B, T * R)).reshape(B, T, R, 1)
+    px = logits.gather(3, win_sym)[..., 0] - lse
+    py = logits[..., term] - lse
+    full = logits.new_full((B, T, S1), NEG_INF)
+    emit = full.scatter(2, ranges, px)
+    blank = full.scatter(2, ranges, py)
+    if rnnt_type == "constrained":
+        emit = _constrain(emit, blank)
+    return emit, blank
+
+
+def _shift(x: Tensor, s0: Tensor, t0: Tensor) -> Tensor:
+    """``x[b, t + t0_b, s + s0_b]`` (clamped: what falls off is never read)."""
+    B, T, S1 = x.shape
+    ti = (torch.arange(T, device=x.device)[None, :] + t0[:, None]).clamp(max=T - 1)
+    x = x.gather(1, ti[:, :, None].expand(B, T, S1))
+    si = (torch.arange(S1, device=x.device)[None, :] + s0[:, None]).clamp(max=S1 - 1)
+    return x.gather(2, si[:, None, :].expand(B, T, S1))
+
+
+def _unshift(x: Tensor, s0: Tensor, t0: Tensor) -> Tensor:
+    """The inverse of :func:`_shift` on occupations (zero before the begins)."""
+    B, T, S1 = x.shape
+    ti = torch.arange(T, device=x.device)[None, :] - t0[:, None]
+    si = torch.arange(S1, device=x.device)[None, :] - s0[:, None]
+    x = x.gather(1, ti.clamp(min=0)[:, :, None].expand(B, T, S1))
+    x = x.gather(2, si.clamp(min=0)[:, None, :].expand(B, T, S1))
+    keep = (ti >= 0)[:, :, None] & (si >= 0)[:, None, :]
+    return torch.where(keep, x, x.new_zeros(()))
+
+
+def _has_begins(lens: Tensor, boundary_given: bool) -> bool:
+    if not boundary_given:
+        return False
+    if torch.compiler.is_compiling() or lens.device.type != "cpu":
+        return True  # no host read: always shift
+    return bool((lens[:, :2] != 0).any())
+
+
+def run_lattice(emit: Tensor, blank: Tensor, lens: Tensor, rnnt_type: str, boundary_given: bool,
+                backend: str, validate: bool, occupations: bool
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(log_likelihood (B,), occ_emit, occ_blank)``, occupations ``(B, T, S+1)`` or None."""
+    shifted = _has_begins(lens, boundary_given) and emit.shape[1] > 0
+    s0, t0 = lens[:, 0], lens[:, 1]
+    if shifted:
+        emit, blank = _shift(emit, s0, t0), _shift(blank, s0, t0)
+    need = occupations or (torch.is_grad_enabled() and (emit.requires_grad or blank.requires_grad))
+    ed = [0] if rnnt_type == "regular" else [1]
+    ll, ob, oe = lattice_op(blank[..., None], emit[..., None], lens[:, 3], lens[:, 2], [1], ed,
+                            rnnt_type != "regular", backend, bool(need), bool(validate))
+    if not occupations:
+        return ll, None, None
+    # Fresh tensors: the lattice's backward may hand its saved occupations on as they are.
+    oe, ob = oe.detach()[..., 0], ob.detach()[..., 0]
+    if shifted:
+        return ll, _unshift(oe, s0, t0), _unshift(ob, s0, t0)
+    return ll, oe.clone(), ob.clone()
