@@ -11,6 +11,8 @@ PUBLIC = {
     "rnnt_align", "rnnt_loss", "rnnt_loss_packed", "transducer_lattice",
     "MultiBlankRNNTLoss", "TDTLoss", "multiblank_rnnt_loss", "tdt_loss",
     "logmmexp",
+    "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "get_rnnt_prune_ranges",
+    "do_rnnt_pruning",
 }
 
 

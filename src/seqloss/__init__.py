@@ -18,6 +18,13 @@ from .transducer import (
     tdt_loss,
     transducer_lattice,
 )
+from .transducer.factored import (
+    do_rnnt_pruning,
+    get_rnnt_prune_ranges,
+    rnnt_loss_pruned,
+    rnnt_loss_simple,
+    rnnt_loss_smoothed,
+)
 
 __version__ = "0.1.0"
 
@@ -30,12 +37,17 @@ __all__ = [
     "ctc_align",
     "ctc_loss",
     "diagnose",
+    "do_rnnt_pruning",
+    "get_rnnt_prune_ranges",
     "grad_clamp",
     "logmmexp",
     "multiblank_rnnt_loss",
     "rnnt_align",
     "rnnt_loss",
     "rnnt_loss_packed",
+    "rnnt_loss_pruned",
+    "rnnt_loss_simple",
+    "rnnt_loss_smoothed",
     "tdt_loss",
     "transducer_lattice",
 ]
