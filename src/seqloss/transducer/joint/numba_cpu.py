@@ -81,7 +81,12 @@ def joint_loss_forward(
     loss = _forward(logits[..., :V] if D else logits, logits[..., V:] if D else None,
                     targets, logit_lengths, target_lengths, table, fused_log_softmax,
                     None if grad is None else (grad[..., :V] if D else grad),
-                    None if grad is None or not D else grad[..., V:], grad_scale)
+                    None if grad is None or not D else grad[..., V:], grad_scale,
+                    # A caller's buffer may be the logits themselves (in place): then the
+                    # duration logits are read once, before any gradient is written.
+                    rows=logits if D and grad_buffer is None else None,
+                    grad_rows=grad if D and grad_buffer is None else None,
+                    reread_durations=grad_buffer is None)
     return loss, (grad if grad is not None else logits.new_empty(0))
 
 
@@ -117,12 +122,22 @@ def _forward(
     grad: torch.Tensor | None,
     grad_dur: torch.Tensor | None,
     grad_scale: float,
+    *,
+    rows: torch.Tensor | None = None,
+    grad_rows: torch.Tensor | None = None,
+    reread_durations: bool = True,
 ) -> torch.Tensor:
     """The loss; the gradient written into ``grad`` (token block) and ``grad_dur``.
 
     ``logits`` is the token block ``(..., V)`` and ``dur_logits`` the duration block
     ``(..., D)`` (``None`` when ``D = 0``): views of one joint, or two tensors. No
-    gradient when ``grad`` is ``None``.
+    gradient when ``grad`` is ``None``. ``rows``/``grad_rows``: the joint and its
+    gradient whole, when the blocks are their views: the elementwise passes then run
+    over whole (contiguous) rows, whose duration columns are scratch until the
+    duration gradient overwrites them (a row of the token view alone is misaligned:
+    ~1.5x slower passes). ``reread_durations``: the epilogue recomputes the duration
+    log-probabilities from ``dur_logits`` (False: keeps them from the prologue, for a
+    gradient written over the logits).
     """
     dtype = logits.dtype
     acc = _acc_dtype(dtype)
@@ -140,6 +155,8 @@ def _forward(
         offs[b] = offs[b - 1] + Tl[b - 1] * (Ul[b - 1] + 1)
     tg = targets.cpu()
     tok = table.blank_tokens
+    uniq = sorted(set(tok))  # TDT: its blank arcs all score one class, gathered once
+    tok_col = [uniq.index(c) for c in tok]
     b_dl = [a.duration_logit for a in table.blank_arcs]
     e_dl = [a.duration_logit for a in table.emit_arcs]
     Db, De = len(tok), len(e_dl)
@@ -154,8 +171,8 @@ def _forward(
     # with logits of 1e4 the latter loses float32's last digits to the rounding.
     row_max = torch.empty((B, T, U1), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
-    lp_dur: list[torch.Tensor | None] = [None] * B  # (T_b, U_b+1, D) duration log-probs
     bad = [False] * B
+    kept_dur: list[torch.Tensor | None] = [None] * B
 
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
     for b in range(B):
@@ -165,14 +182,21 @@ def _forward(
         x = _seq_view(logits, b, tb, ub, offs[b])
         idx = tg[b, :ub].to(x.device)[None, :, None].expand(tb, ub, 1)
         # Gather before the buffer (maybe the logits themselves) is overwritten.
-        xb = x[..., list(tok)].to(acc, copy=True)  # (tb, ub+1, Db)
+        xb = x[..., uniq].to(acc, copy=True)  # (tb, ub+1, distinct blank classes)
         xe = x[:, :ub].gather(2, idx)[..., 0].to(acc)
         any_bad = False
+        ld = None
         if D:
+            # (T_b, U_b+1, D) duration log-probs, float64; not kept (recomputed in the
+            # epilogue, bit for bit): the lattice's peak holds no copy of them.
             xd = _seq_view(dur_logits, b, tb, ub, offs[b]).to(lat, copy=True)
             any_bad = not bool((xd.amax(-1) < float("inf")).all())  # NaN/+inf poisons the row
-            lp_dur[b] = _log_softmax(xd) if fused_log_softmax else xd
+            ld = _log_softmax(xd) if fused_log_softmax else xd
+            if not reread_durations:
+                kept_dur[b] = ld
         g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
+        xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
+        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
         for t0, t1 in _chunks(tb, ub, V):
             xc = x[t0:t1]
             m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
@@ -182,9 +206,15 @@ def _forward(
             # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
             m = torch.where(m == NEG_INF, 0.0, m)
             if g is not None and not half:
-                gc = g[t0:t1]
-                torch.sub(xc, m[..., None], out=gc)
-                gc.exp_()
+                if gr is not None:  # whole rows (their duration columns: scratch)
+                    gcr = gr[t0:t1]
+                    torch.sub(xr[t0:t1], m[..., None], out=gcr)
+                    gcr.exp_()
+                    gc = gcr[..., :V]
+                else:
+                    gc = g[t0:t1]
+                    torch.sub(xc, m[..., None], out=gc)
+                    gc.exp_()
                 s = gc.sum(-1, dtype=acc)
             else:
                 s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
@@ -202,9 +232,9 @@ def _forward(
         if sigma:
             xb = xb - sigma
             xe = xe - sigma
-        ld = lp_dur[b]
         for i, dl in enumerate(b_dl):
-            arc_blank[b, :tb, : ub + 1, i] = xb[..., i] if dl is None else xb[..., i] + ld[..., dl]
+            xi = xb[..., tok_col[i]]
+            arc_blank[b, :tb, : ub + 1, i] = xi if dl is None else xi + ld[..., dl]
         for j, dl in enumerate(e_dl):
             arc_emit[b, :tb, :ub, j] = xe if dl is None else xe + ld[:, :ub, dl]
 
@@ -212,7 +242,7 @@ def _forward(
     compute_grad = grad is not None
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, logit_lengths, target_lengths, table.blank_durations,
-        table.emit_durations, compute_grad, table.emit_can_end,
+        table.emit_durations, compute_grad, table.emit_can_end, occupation_dtype=acc,
     )
     del arc_blank, arc_emit
     scale = 1.0 + table.fastemit_lambda
@@ -236,21 +266,25 @@ def _forward(
             continue
         g = _seq_view(grad, b, tb, ub, offs[b])
         gd = _seq_view(grad_dur, b, tb, ub, offs[b]) if D else None
+        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
         if bad[b] or llist[b] == NEG_INF:
             fill = NAN if bad[b] else 0.0
             g.fill_(fill)
             if gd is not None:
                 gd.fill_(fill)
             continue
-        ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db), float64
-        oe = occ_e[b, :tb, :ub] * scale  # (tb, ub, De)
+        ob = occ_b[b, :tb, : ub + 1].to(lat)  # (tb, ub+1, Db)
+        oe = occ_e[b, :tb, :ub].to(lat) * scale  # (tb, ub, De)
         total = ob.sum(-1)
         total[:, :ub] += oe.sum(-1)
         oe_tok = oe.sum(-1).to(acc)
         idx = tg[b, :ub].to(g.device)[None, :, None]
-        ld = lp_dur[b]
         g_dur = None
         if D:
+            ld = kept_dur[b]
+            if ld is None:
+                ld = _seq_view(dur_logits, b, tb, ub, offs[b]).to(lat)
+                ld = _log_softmax(ld) if fused_log_softmax else ld
             # The duration block: small, computed whole in float64.
             g_dur = torch.exp(ld) * total[..., None] if fused_log_softmax else torch.zeros_like(ld)
             for i, dl in enumerate(b_dl):
@@ -277,20 +311,23 @@ def _forward(
                 per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
             for t0, t1 in _chunks(tb, ub, V):
                 if half:
-                    gc = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
+                    gc = gcw = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
                     gc.mul_(w[t0:t1, :, None])
                 else:
-                    gc = g[t0:t1]
-                    gc.mul_(w[t0:t1, :, None].to(gc.dtype))
+                    # Whole rows where the blocks are views of one joint (the duration
+                    # columns are overwritten below).
+                    gcw = gr[t0:t1] if gr is not None else g[t0:t1]
+                    gcw.mul_(w[t0:t1, :, None].to(gcw.dtype))
+                    gc = gcw[..., :V] if gr is not None else gcw
                 for c, o in per_class.items():
                     gc[..., c] -= o[t0:t1].to(gc.dtype)
                 if ub:
                     gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
                                             -oe_tok[t0:t1, :, None].to(gc.dtype))
                 if clamp > 0:
-                    gc.clamp_(-clamp, clamp)
+                    gcw.clamp_(-clamp, clamp)
                 if grad_scale != 1.0:
-                    gc.mul_(grad_scale)
+                    gcw.mul_(grad_scale)
                 if half:
                     g[t0:t1].copy_(gc)
         else:

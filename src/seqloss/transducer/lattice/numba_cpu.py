@@ -199,8 +199,14 @@ def transducer_lattice(
     emit_durations: tuple[int, ...],
     compute_occupations: bool,
     emit_can_end: bool = False,
+    occupation_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """See ``seqloss.transducer.lattice.reference.transducer_lattice``."""
+    """See ``seqloss.transducer.lattice.reference.transducer_lattice``.
+
+    ``occupation_dtype``: the dtype the occupations of many-arc lattices are stored in
+    (default: the arcs'); each is computed in float64 and rounded once. The joint of a
+    float32 input asks for float32: half the memory of the largest small tensors.
+    """
     B, T, U1, _ = arc_blank.shape
     dt = arc_blank.dtype
     ab = arc_blank.contiguous()
@@ -227,8 +233,8 @@ def transducer_lattice(
         # RNN-T: vectorized exps in torch beat a Numba loop on this small
         # (B, T, U+1) work (Numba's exp is scalar).
         return ll, *_rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll)
-    occ_b = torch.empty_like(ab)
-    occ_e = torch.empty_like(ae)
+    occ_b = torch.empty(ab.shape, dtype=occupation_dtype or ab.dtype)
+    occ_e = torch.empty(ae.shape, dtype=occupation_dtype or ae.dtype)
     run_jobs(transducer_occupation_kernel,
              (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
               ll.numpy(), occ_b.numpy(), occ_e.numpy()),
