@@ -116,6 +116,16 @@ def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Optional[Te
     return loss
 
 
+def _unpadded(lm: Tensor, am: Tensor, lens: Tensor, bnd: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """The compute dtype, and 0 in the padding a boundary leaves (it may hold NaN)."""
+    dt = arcs.compute_dtype(am.dtype)
+    lm, am = lm.to(dt), am.to(dt)
+    if bnd is None:
+        return lm, am
+    # frames [begin_frame, end_frame), positions [begin_symbol, end_symbol]
+    return arcs.mask_padding(lm, lens, 1, 0, 2, 1), arcs.mask_padding(am, lens, 1, 1, 3, 0)
+
+
 def rnnt_loss_simple(
     lm: Tensor,
     am: Tensor,
@@ -161,8 +171,8 @@ def rnnt_loss_simple(
         lm, am, symbols, termination_symbol, boundary, rnnt_type, reduction, delay_penalty)
     name = resolve_backend(backend, am.device)
     lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, bool(validate))
-    dt = arcs.compute_dtype(am.dtype)
-    emit, blank = arcs.simple_arcs(lm.to(dt), am.to(dt), sym_ext, term, rt, name)
+    lm, am = _unpadded(lm, am, lens, bnd)
+    emit, blank = arcs.simple_arcs(lm, am, sym_ext, term, rt, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
                    bool(validate))
 
@@ -205,8 +215,8 @@ def rnnt_loss_smoothed(
     as_ = checks.check_scale(am_only_scale, "am_only_scale")
     name = resolve_backend(backend, am.device)
     lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, bool(validate))
-    dt = arcs.compute_dtype(am.dtype)
-    emit, blank = arcs.smoothed_arcs(lm.to(dt), am.to(dt), sym_ext, term, rt, ls, as_, lens, name)
+    lm, am = _unpadded(lm, am, lens, bnd)
+    emit, blank = arcs.smoothed_arcs(lm, am, sym_ext, term, rt, ls, as_, lens, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
                    bool(validate))
 
@@ -267,8 +277,10 @@ def rnnt_loss_pruned(
     dp = _validate.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, logits.device)
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, bool(validate))
-    dt = arcs.compute_dtype(logits.dtype)
-    emit, blank = arcs.pruned_arcs(logits.to(dt), ranges, sym_ext, term, rt)
+    logits = logits.to(arcs.compute_dtype(logits.dtype))
+    if bnd is not None:  # frames outside [begin_frame, end_frame) may hold anything
+        logits = arcs.mask_padding(logits, lens, 1, 1, 3, 0)
+    emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, bool(validate))
 
 

@@ -39,9 +39,27 @@ NEG_INF = float("-inf")
 
 
 def _logmmexp(a: Tensor, b: Tensor, backend: str) -> Tensor:
+    if a.shape[0] == 0 or a.shape[1] == 0 or b.shape[2] == 0:  # an empty result
+        return torch.logsumexp(a[:, :, :, None] + b[:, None, :, :], dim=2)
     from ...logmm import logmmexp  # the logmm family (imported at call time: no cycle)
 
     return logmmexp(a, b, backend=backend)
+
+
+def mask_padding(x: Tensor, lens: Tensor, dim: int, lo_col: int, n_col: int, extra: int) -> Tensor:
+    """``x`` with 0 at the positions of axis ``dim`` outside ``[lo, lo + n + extra)``.
+
+    Padding may hold anything (NaN included) and must get exactly zero gradient; a
+    normalizer mixes a whole frame (row) and its backward multiplies the zero
+    occupation there by ``exp(NaN)``, so the padding is replaced before, by
+    ``where`` (whose backward gives exactly 0 there).
+    """
+    n = x.shape[dim]
+    i = torch.arange(n, device=x.device)[None, :]
+    lo = lens[:, lo_col:lo_col + 1]
+    keep = (i >= lo) & (i < lo + lens[:, n_col:n_col + 1] + extra)  # (B, n)
+    keep = keep.reshape(keep.shape[0], *([1] * (dim - 1)), n, *([1] * (x.dim() - dim - 1)))
+    return torch.where(keep, x, x.new_zeros(()))
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

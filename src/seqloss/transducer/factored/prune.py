@@ -46,7 +46,10 @@ def get_rnnt_prune_ranges(
 
     k2's algorithm (Pruned RNN-T, Kuang et al. 2022, sec. 3.2): frame ``t``'s window
     starts at the ``s`` maximizing the occupation inside it,
-    ``sum_{s <= r < s + s_range} py_grad[r, t] - px_grad[s - 1, t]``; the last frame
+    ``sum_{s <= r < s + s_range} py_grad[r, t] - px_grad[s - 1, t]`` (regular; for
+    modified/constrained, where a frame holds one state, the state occupation
+    ``sum_{s <= r < s + s_range} (py_grad + px_grad)[r, t]``: k2 counts ``py_grad``
+    only there, which scores a frame whose path emits as empty); the last frame
     of a sequence (and every frame after it) starts at
     ``max(end_symbol - s_range + 1, 0)``, so the window holds the final state; then
     the starts are made non-decreasing, never rise by ``s_range`` or more in one frame
@@ -94,10 +97,21 @@ def get_rnnt_prune_ranges(
     s_end, t_end = s0 + lens[:, 2], t0 + lens[:, 3]
     pyg = py_grad.detach()
     pxg = px_grad.detach()
-    cum = torch.cat((pyg.new_zeros((B, 1, T)), torch.cumsum(pyg, dim=1)), dim=1)  # (B, S+2, T)
-    inside = cum[:, R:] - cum[:, : S1 - R + 1]  # (B, S+2-R, T): py occupation of [s, s+R)
-    entering = torch.cat((pxg.new_zeros((B, 1, pxg.shape[2])), pxg), dim=1)[:, : S1 - R + 1, :T]
-    s_begin = torch.argmax(inside - entering, dim=1)  # (B, T), the first maximum on ties
+    if regular:
+        # k2's score: the termination-symbol occupation inside [s, s + R) (every frame
+        # ends on exactly one), less the emission into row s from below on the frame
+        # (the path was then outside the window on that frame).
+        occ = pyg
+    else:
+        # One state per frame here: the window holds the frame's arc iff it holds its
+        # row, so the score is the state occupation inside [s, s + R), emissions
+        # included (k2 counts py only, which scores an emitting frame as empty).
+        occ = pyg + torch.cat((pxg, pxg.new_zeros((B, 1, T))), dim=1)
+    cum = torch.cat((occ.new_zeros((B, 1, T)), torch.cumsum(occ, dim=1)), dim=1)  # (B, S+2, T)
+    score = cum[:, R:] - cum[:, : S1 - R + 1]  # (B, S+2-R, T): occupation of [s, s+R)
+    if regular:
+        score = score - torch.cat((pxg.new_zeros((B, 1, T + 1)), pxg), dim=1)[:, : S1 - R + 1, :T]
+    s_begin = torch.argmax(score, dim=1)  # (B, T), the first maximum on ties
     last = torch.arange(T, device=device)[None, :] >= (t_end - 1)[:, None]
     s_begin = torch.where(last, (s_end - R + 1).clamp(min=0)[:, None], s_begin)
     s_begin = _adjust_lower_bound(s_begin, R if regular else 2, s0, t0)
