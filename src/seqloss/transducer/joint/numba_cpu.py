@@ -273,11 +273,16 @@ def _forward(
             if gd is not None:
                 gd.fill_(fill)
             continue
-        ob = occ_b[b, :tb, : ub + 1].to(lat)  # (tb, ub+1, Db)
-        oe = occ_e[b, :tb, :ub].to(lat) * scale  # (tb, ub, De)
-        total = ob.sum(-1)
-        total[:, :ub] += oe.sum(-1)
-        oe_tok = oe.sum(-1).to(acc)
+        # Occupations in the accumulation dtype (float64 for float64 input); their sums,
+        # and the small duration block, in float64.
+        ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
+        oe = occ_e[b, :tb, :ub]  # (tb, ub, De), FastEmit's (1 + λ) not yet applied
+        oe_sum = oe.sum(-1, dtype=lat)
+        if scale != 1.0:
+            oe_sum *= scale
+        total = ob.sum(-1, dtype=lat)
+        total[:, :ub] += oe_sum
+        oe_tok = oe_sum.to(acc)
         idx = tg[b, :ub].to(g.device)[None, :, None]
         g_dur = None
         if D:
@@ -292,12 +297,11 @@ def _forward(
                     g_dur[..., dl] -= ob[..., i]
             for j, dl in enumerate(e_dl):
                 if dl is not None:
-                    g_dur[:, :ub, dl] -= oe[..., j]
+                    g_dur[:, :ub, dl] -= oe[..., j] * scale if scale != 1.0 else oe[..., j]
             if clamp > 0:
                 g_dur = g_dur.clamp(-clamp, clamp)
             if grad_scale != 1.0:
                 g_dur = g_dur * grad_scale
-        ob = ob.to(acc)
         if fused_log_softmax:
             s = row_sum[b, :tb, : ub + 1]
             # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)).
