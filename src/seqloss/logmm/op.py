@@ -20,22 +20,26 @@ from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, _is_traced
 
 
-def logmmexp_impl(a: Tensor, b: Tensor, backend: str) -> Tensor:
-    """``(B, M, N)`` in the accumulation dtype; ``a (B, M, K)``, ``b (B, K, N)`` checked."""
+def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> list[Tensor]:
+    """``[out (B, M, N), *saved]``, ``out`` in the accumulation dtype; ``a (B, M, K)``,
+    ``b (B, K, N)`` checked. ``saved``: what the backend's backward reuses (empty
+    unless ``compute_grad``)."""
     acc = _acc_dtype(a.dtype)
     kern = kernel_module("logmm", backend)
-    return kern.logmmexp_forward(a.detach().to(acc), b.detach().to(acc))
+    out, saved = kern.logmmexp_forward(a.detach().to(acc), b.detach().to(acc), compute_grad)
+    return [out, *saved]
 
 
 def logmmexp_backward_impl(
-    g: Tensor, a: Tensor, b: Tensor, out: Tensor, backend: str, need_a: bool, need_b: bool
+    g: Tensor, a: Tensor, b: Tensor, out: Tensor, saved: list[Tensor], backend: str,
+    need_a: bool, need_b: bool,
 ) -> tuple[Tensor, Tensor]:
     """``(grad_a, grad_b)`` in the inputs' dtypes; one not needed is returned empty."""
     acc = _acc_dtype(a.dtype)
     kern = kernel_module("logmm", backend)
     ga, gb = kern.logmmexp_backward(
-        g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach().to(acc),
-        need_a, need_b,
+        g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach(),
+        [x.detach() for x in saved], need_a, need_b,
     )
     ga = ga.to(a.dtype) if need_a else a.new_empty(0)
     gb = gb.to(b.dtype) if need_b else b.new_empty(0)
@@ -49,12 +53,15 @@ logmmexp_backward_op = torch.library.custom_op(
 
 
 @logmmexp_op.register_fake
-def _(a, b, backend):  # noqa: ANN001
-    return a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=_acc_dtype(a.dtype))
+def _(a, b, backend, compute_grad):  # noqa: ANN001
+    acc = _acc_dtype(a.dtype)
+    out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=acc)
+    saved = kernel_module("logmm", backend).saved_like(a.to(acc), b.to(acc)) if compute_grad else []
+    return [out, *saved]
 
 
 @logmmexp_backward_op.register_fake
-def _(g, a, b, out, backend, need_a, need_b):  # noqa: ANN001
+def _(g, a, b, out, saved, backend, need_a, need_b):  # noqa: ANN001
     ga = torch.empty_like(a) if need_a else a.new_empty(0)
     gb = torch.empty_like(b) if need_b else b.new_empty(0)
     return ga, gb
@@ -68,16 +75,20 @@ logmmexp_backward_op.register_autograd(_no_double_backward)
 
 
 def _setup(ctx, inputs, output):  # noqa: ANN001
-    a, b, backend = inputs
+    a, b, backend, compute_grad = inputs
     ctx.backend = backend
-    ctx.save_for_backward(a, b, output)
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(a, b, *output)
 
 
-def _backward(ctx, g):  # noqa: ANN001
-    a, b, out = ctx.saved_tensors
+def _backward(ctx, grads):  # noqa: ANN001
+    g = grads[0]  # a list output's gradients arrive as one list; only out's matters
+    a, b, out, *saved = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    ga, gb = logmmexp_backward_op(g, a, b, out, ctx.backend, need_a, need_b)
-    return (ga if need_a else None), (gb if need_b else None), None
+    if g is None:
+        return None, None, None, None
+    ga, gb = logmmexp_backward_op(g, a, b, out, saved, ctx.backend, need_a, need_b)
+    return (ga if need_a else None), (gb if need_b else None), None, None
 
 
 logmmexp_op.register_autograd(_backward, setup_context=_setup)
@@ -88,25 +99,26 @@ class _EagerLogmm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b, backend):  # noqa: ANN001, ANN205
-        out = logmmexp_impl(a, b, backend)
+        out, *saved = logmmexp_impl(a, b, backend, True)
         ctx.backend = backend
-        ctx.save_for_backward(a, b, out)
+        ctx.save_for_backward(a, b, out, *saved)
         return out
 
     @staticmethod
     def backward(ctx, g):  # noqa: ANN001, ANN205
         if torch.is_grad_enabled():  # create_graph=True
             raise RuntimeError("seqloss: double backward of logmmexp is not supported")
-        a, b, out = ctx.saved_tensors
+        a, b, out, *saved = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ga, gb = logmmexp_backward_impl(g, a, b, out, ctx.backend, need_a, need_b)
+        ga, gb = logmmexp_backward_impl(g, a, b, out, saved, ctx.backend, need_a, need_b)
         return (ga if need_a else None), (gb if need_b else None), None
 
 
 def call_logmmexp(a: Tensor, b: Tensor, backend: str) -> Tensor:
     """The registered op while tracing, the eager ``autograd.Function`` otherwise."""
+    compute_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
     if _is_traced(a) or _is_traced(b):
-        return logmmexp_op(a, b, backend)
-    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-        return logmmexp_impl(a, b, backend)
+        return logmmexp_op(a, b, backend, compute_grad)[0]
+    if not compute_grad:
+        return logmmexp_impl(a, b, backend, False)[0]
     return _EagerLogmm.apply(a, b, backend)

@@ -3,10 +3,13 @@
 Every backend module of the family exposes the same two functions on 3-D inputs in
 the accumulation dtype (float32, or float64 for float64 inputs):
 
-* ``logmmexp_forward(a (B, M, K), b (B, K, N)) -> out (B, M, N)``, with
+* ``logmmexp_forward(a (B, M, K), b (B, K, N), compute_grad) -> (out (B, M, N), saved)``, with
   ``out[i, j] = logsumexp_k(a[i, k] + b[k, j])``, the value (and the ``+inf``/NaN
-  behaviour) of ``torch.logsumexp(a[..., :, :, None] + b[..., None, :, :], -2)``.
-* ``logmmexp_backward(g, a, b, out, need_a, need_b) -> (grad_a, grad_b)``, the
+  behaviour) of ``torch.logsumexp(a[..., :, :, None] + b[..., None, :, :], -2)``;
+  ``saved`` is a list of tensors the backend's backward reuses (``O(M K + K N)``,
+  never ``O(M K N)``; empty unless ``compute_grad``), and ``saved_like(a, b)`` makes
+  empty tensors of their shapes (for the fake kernel).
+* ``logmmexp_backward(g, a, b, out, saved, need_a, need_b) -> (grad_a, grad_b)``, the
   softmax-weighted matmuls ``grad_a[i, k] = sum_j g[i, j] w[i, k, j]`` and
   ``grad_b[k, j] = sum_i g[i, j] w[i, k, j]`` with ``w = exp(a[i, k] + b[k, j] - out[i, j])``
   (each ``w <= 1``: no overflow). An entry with ``out = -inf`` (every term ``-inf``)
@@ -38,7 +41,11 @@ def _tiles(B: int, M: int, K: int, N: int):  # noqa: ANN202
             yield slice(i, i + 1), slice(m0, min(M, m0 + Mb)), kb
 
 
-def logmmexp_forward(a: Tensor, b: Tensor) -> Tensor:
+def saved_like(a: Tensor, b: Tensor) -> list[Tensor]:
+    return []
+
+
+def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, list[Tensor]]:
     B, M, K = a.shape
     N = b.shape[2]
     out = a.new_full((B, M, N), float("-inf"))
@@ -52,11 +59,12 @@ def logmmexp_forward(a: Tensor, b: Tensor) -> Tensor:
             acc = torch.logaddexp(acc, torch.logsumexp(t, dim=2))
             del t
         out[bs, ms] = acc
-    return out
+    return out, []
 
 
 def logmmexp_backward(
-    g: Tensor, a: Tensor, b: Tensor, out: Tensor, need_a: bool, need_b: bool
+    g: Tensor, a: Tensor, b: Tensor, out: Tensor, saved: list[Tensor], need_a: bool,
+    need_b: bool,
 ) -> tuple[Tensor, Tensor]:
     B, M, K = a.shape
     N = b.shape[2]
