@@ -278,8 +278,6 @@ def rnnt_loss_pruned(
     name = resolve_backend(backend, logits.device)
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, bool(validate))
     logits = logits.to(arcs.compute_dtype(logits.dtype))
-    if bnd is not None:  # frames outside [begin_frame, end_frame) may hold anything
-        logits = arcs.mask_padding(logits, lens, 1, 1, 3, 0)
     emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, bool(validate))
 
