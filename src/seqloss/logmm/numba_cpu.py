@@ -95,25 +95,27 @@ def saved_like(a: Tensor, b: Tensor) -> list[Tensor]:
     B, M, K = a.shape
     N = b.shape[2]
     return [a.new_empty((B, M, K)), b.new_empty((B, K, N)), a.new_empty((B, M, 1)),
-            b.new_empty((B, 1, N))]
+            b.new_empty((B, 1, N)), a.new_empty((B, M, N))]
 
 
 def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, list[Tensor]]:
+    """Also saves ``[ea, eb, s, t, S]`` for the backward when ``compute_grad``."""
     B, M, K = a.shape
     N = b.shape[2]
     if B * M * N * K == 0:
         out = a.new_full((B, M, N), -_INF)
-        return out, ([torch.zeros_like(a), torch.zeros_like(b), *_shifts(a, b)]
-                     if compute_grad else [])
+        return out, ([torch.zeros_like(a), torch.zeros_like(b), *_shifts(a, b),
+                      torch.zeros_like(out)] if compute_grad else [])
     s, t = _shifts(a, b)
     S, ea, eb = _shifted(a, b, s, t)
-    saved = [ea, eb, s, t] if compute_grad else []
+    # S itself is saved, not recovered from out: exp(s + t - out) would carry out's
+    # rounding (an ulp of |out|, 2^-10 nats at 1e4) into every weight.
+    saved = [ea, eb, s, t, S] if compute_grad else []
     lo, hi = torch.aminmax(S)
     out = torch.log(S).add_(s).add_(t)
     if bool(lo >= math.exp(_LOG_THR[S.dtype])) and bool(hi < _INF):
         return out, saved  # the common case: every entry exact as it is
     ok = _ok(S)
-    del S
     # A row of a or a column of b that is all -inf: those entries are exactly -inf.
     dead = (a.amax(dim=2, keepdim=True) == -_INF) | (b.amax(dim=1, keepdim=True) == -_INF)
     out.masked_fill_(dead, -_INF)
@@ -135,21 +137,20 @@ def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, 
     return out, saved
 
 
-def _weights(g: Tensor, c: Tensor, take: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """``(G, scale)``: ``G = g exp(c) / scale`` on the entries ``take`` (all: ``None``), 0 elsewhere.
+def _weights(g: Tensor, e: Tensor, take: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """``(G, scale)``: ``G = g e / scale`` on the entries ``take`` (all: ``None``), 0 elsewhere.
 
-    ``exp(c) <= 1/thr`` there, so ``G`` overflows only for a huge incoming
+    ``e = exp(c) <= 1/thr`` there, so ``G`` overflows only for a huge incoming
     gradient; then ``g`` is first divided by a power of two (exact) per batch.
     """
-    cc = c if take is None else torch.where(take, c, 0.0)
-    G = torch.exp(cc).mul_(g)
+    G = e * g
     if take is not None:
         G = torch.where(take, G, 0.0)
     if _all_finite(G) or not _all_finite(g):
         return G, None
     gmax = g.abs().amax(dim=(1, 2), keepdim=True)
     scale = torch.where(gmax > 0, torch.exp2(torch.ceil(torch.log2(gmax))), 1.0)
-    G = torch.exp(cc).mul_(g / scale)
+    G = e * (g / scale)
     if take is not None:
         G = torch.where(take, G, 0.0)
     return G, scale
@@ -175,20 +176,20 @@ def logmmexp_backward(
         return (torch.zeros_like(a) if need_a else a.new_empty(0),
                 torch.zeros_like(b) if need_b else b.new_empty(0))
     if saved:
-        ea, eb, s, t = saved
+        ea, eb, s, t, S = saved
     else:
         s, t = _shifts(a, b)
-        ea, eb = torch.sub(a, s).exp_(), torch.sub(b, t).exp_()
-    c = (s + t) - out  # -log S; +inf where out = -inf (no gradient), -inf where out = +inf
-    lo, hi = torch.aminmax(c)
-    if bool(lo > -_INF) and bool(hi <= -_LOG_THR[a.dtype]):  # the common case
-        G, scale = _weights(g, c, None)
+        S, ea, eb = _shifted(a, b, s, t)
+    lo, hi = torch.aminmax(S)
+    if bool(lo >= math.exp(_LOG_THR[S.dtype])) and bool(hi < _INF):  # the common case
+        G, scale = _weights(g, torch.reciprocal(S), None)
         ga, gb = _grads_through(G, scale, ea, eb, need_a, need_b)
         return (ga if need_a else a.new_empty(0)), (gb if need_b else b.new_empty(0))
-    ok = (c <= -_LOG_THR[a.dtype]) & (c > -_INF)
-    # Entries left for the slower tiers: out finite but far below the shifts, +inf, NaN.
+    ok = _ok(S)
+    # Entries left for the slower tiers: S underflowed (out finite, far below the
+    # shifts), +inf, NaN. out = -inf passes no gradient.
     rest = ~ok & ~(out == -_INF)
-    G, scale = _weights(g, c, ok)
+    G, scale = _weights(g, torch.where(ok, torch.reciprocal(S), 0.0), ok)
     ga, gb = _grads_through(G, scale, ea, eb, need_a, need_b)
     grad_a = ga if need_a else a.new_empty(0)
     grad_b = gb if need_b else b.new_empty(0)
@@ -199,7 +200,8 @@ def logmmexp_backward(
             s64, t64 = s[bidx, rows].double()[None], t[bidx].double()[None]
             c64 = (s64 + t64) - out[bidx, rows].double()[None]
             take = rest[bidx, rows][None] & (c64 <= -_LOG_THR[torch.float64]) & (c64 > -_INF)
-            G64, sc64 = _weights(g[bidx, rows].double()[None], c64, take)
+            e64 = torch.exp(torch.where(take, c64, 0.0))
+            G64, sc64 = _weights(g[bidx, rows].double()[None], e64, take)
             ga64, gb64 = _grads_through(G64, sc64, torch.sub(a64, s64).exp_(),
                                         torch.sub(b64, t64).exp_(), need_a, need_b)
             if need_a:
