@@ -94,6 +94,19 @@ def _backward(ctx, grads):  # noqa: ANN001
 logmmexp_op.register_autograd(_backward, setup_context=_setup)
 
 
+class _Once(torch.autograd.Function):
+    """``x``, attached to the graph of ``a`` and ``b`` with a backward that raises: the
+    gradient of a backward run with ``create_graph=True``."""
+
+    @staticmethod
+    def forward(ctx, x, a, b):  # noqa: ANN001, ANN205
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # noqa: ANN001, ANN205
+        raise RuntimeError("seqloss: double backward of logmmexp is not supported")
+
+
 class _EagerLogmm(torch.autograd.Function):
     """The op's implementation behind a plain ``autograd.Function`` (eager mode only)."""
 
@@ -106,11 +119,13 @@ class _EagerLogmm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):  # noqa: ANN001, ANN205
-        if torch.is_grad_enabled():  # create_graph=True
-            raise RuntimeError("seqloss: double backward of logmmexp is not supported")
         a, b, out, *saved = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        ga, gb = logmmexp_backward_impl(g, a, b, out, saved, ctx.backend, need_a, need_b)
+        with torch.no_grad():
+            ga, gb = logmmexp_backward_impl(g, a, b, out, saved, ctx.backend, need_a, need_b)
+        if torch.is_grad_enabled():  # create_graph=True: a second backward must raise
+            ga = _Once.apply(ga, a, b) if need_a else ga
+            gb = _Once.apply(gb, a, b) if need_b else gb
         return (ga if need_a else None), (gb if need_b else None), None
 
 
