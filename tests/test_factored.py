@@ -570,3 +570,21 @@ def test_against_fast_rnnt(rnnt_type):
     r_want = fast_rnnt.get_rnnt_prune_ranges(pxg, pyg, bnd, 2)
     r_got = get_rnnt_prune_ranges(gx, gy, bnd, 2)
     assert torch.equal(r_got, r_want)
+
+
+def test_pruned_padding_frames_are_never_read():
+    B, T, S, C, R = 2, 6, 3, 5, 2
+    g = torch.Generator().manual_seed(20)
+    logits = torch.randn(B, T, R, C, generator=g, dtype=F64)
+    _, _, symbols = _inputs(B=B, T=T, S=S, C=C, seed=20)
+    ranges = _random_ranges(B, T, S, R, "regular", seed=21)
+    ranges[0, 3:] = torch.arange(S + 1 - R, S + 1)  # the final state in frame 3
+    bnd = torch.tensor([[0, 0, S, 4], [0, 0, S, T]])
+    want = rnnt_loss_pruned(logits, symbols, ranges, 0, boundary=bnd, reduction="none")
+    bad = logits.clone()
+    bad[0, 4:] = float("nan")
+    bad.requires_grad_()
+    got = rnnt_loss_pruned(bad, symbols, ranges, 0, boundary=bnd, reduction="none")
+    torch.testing.assert_close(got, want)
+    (gr,) = _grads(got, bad)
+    assert torch.isfinite(gr).all() and (gr[0, 4:] == 0).all()

@@ -60,6 +60,10 @@ FAMILIES: dict[str, Family] = {
                "seqloss.diagnose:_diagnose_multiblank", "seqloss.bench.multiblank", "joint"),
         Family("tdt", "seqloss.transducer.tdt:tdt_loss", "logits",
                "seqloss.diagnose:_diagnose_tdt", "seqloss.bench.tdt", "joint"),
+        # k2's pruned RNN-T (with its simple loss: seqloss.bench.pruned times the pipeline)
+        Family("pruned", "seqloss.transducer.factored.api:rnnt_loss_pruned", "logits",
+               "seqloss.transducer.factored.diagnose_hook:diagnose_pruned",
+               "seqloss.bench.pruned", "lattice"),
     )
 }
 

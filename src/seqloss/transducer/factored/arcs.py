@@ -183,6 +183,9 @@ class _WindowLogProbs(torch.autograd.Function):
         py = logits[..., term] - lse
         ctx.save_for_backward(logits, sym, lse)
         ctx.term = term
+        # A row holding NaN or +inf has a non-finite normalizer; only such rows can turn a
+        # zero incoming gradient into NaN (0 * exp(NaN)), so only they are masked.
+        ctx.nonfinite_rows = not bool(torch.isfinite(lse).all()) if lse.numel() else False
         return px, py
 
     @staticmethod
@@ -194,7 +197,8 @@ class _WindowLogProbs(torch.autograd.Function):
         grad = torch.sub(logits, lse[..., None]).exp_().mul_(-w[..., None])
         grad.scatter_add_(3, sym, gx[..., None])
         grad[..., ctx.term] += gy
-        grad.masked_fill_((w == 0)[..., None] & (gx == 0)[..., None], 0.0)
+        if ctx.nonfinite_rows:
+            grad.masked_fill_(((w == 0) & (gx == 0) & ~torch.isfinite(lse))[..., None], 0.0)
         return grad, None, None
 
 

@@ -1,0 +1,62 @@
+"""``seqloss.diagnose(kind="pruned", ...)``: per-sequence report of ``rnnt_loss_pruned``."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+from torch import Tensor
+
+# the module (``seqloss.diagnose`` the attribute is the function)
+_d = importlib.import_module("seqloss.diagnose")
+
+
+def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):  # noqa: ANN201
+    """One entry per sequence: frames and symbols the boundary gives, the window's
+    non-finite logits (frames ``begin_frame <= t < end_frame``), the pruned loss, and
+    whether the windows hold the start and final states (else no path survives)."""
+    B, T, R, _ = x.shape
+    S = a["symbols"].shape[1]
+    rt = a.get("rnnt_type", "regular")
+    bnd = a.get("boundary")
+    bnd = (torch.tensor([[0, 0, S, T]] * B) if bnd is None else bnd.detach().cpu()).tolist()
+    r0 = a["ranges"][:, :, 0].detach().cpu()
+    seqs = []
+    for b in range(B):
+        s0, t0, s1, t1 = (int(v) for v in bnd[b])
+        Tb, Ub = t1 - t0, s1 - s0
+        needed = 1 if rt == "regular" else max(Ub, 1)
+        covers = Tb >= 1 and int(r0[b, t0]) <= s0 < int(r0[b, t0]) + R and \
+            int(r0[b, t1 - 1]) <= s1 < int(r0[b, t1 - 1]) + R + (rt != "regular")
+        xb = x[b, t0:t1]
+        bad = torch.isnan(xb) | (xb == float("inf"))
+        nf = _d._first_nonfinite(bad, xb, with_u=True)
+        if nf is not None:
+            nf.frame += t0
+        lb = float(loss[b])
+        g = grad[b]
+        gmax = float(g.abs().float().amax()) if g.numel() else 0.0
+        lp = torch.log_softmax(xb.double(), dim=-1)
+        finite = lp[torch.isfinite(lp)]
+        mn = float(finite.min()) if finite.numel() else None
+        status, verdict = _d._verdict(Tb >= needed, needed, Tb, Ub, None, lb, nf, None, 0.0,
+                                      False, "pruned", True)
+        if status == "warning" and math.isinf(lb) and not covers:
+            verdict = ("warning: +inf loss: the windows (ranges) miss the start or final state, "
+                       "so no path survives pruning")
+        seqs.append(_d.SequenceDiagnosis(
+            index=b, frames=Tb, frames_needed=needed, target_length=Ub, repeats=None,
+            feasible=Tb >= needed, loss=lb, nonfinite=nf, grad_max=gmax, min_log_prob=mn,
+            max_norm_error=None, status=status, verdict=verdict,
+        ))
+    extra = {"rnnt_type": rt, "s_range": R}
+    dp = a.get("delay_penalty", 0.0)
+    if dp:
+        extra["delay_penalty"] = float(dp)
+    return _d.Diagnosis(
+        kind="pruned", shape=tuple(x.shape), dtype=str(x.dtype).replace("torch.", ""),
+        device=str(x.device), backend=_d._backend_name(a, x.device),
+        blank=int(a["termination_symbol"]), fused_log_softmax=True, zero_infinity=False,
+        sequences=seqs, extra=extra,
+    )
