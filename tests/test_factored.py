@@ -588,3 +588,45 @@ def test_pruned_padding_frames_are_never_read():
     torch.testing.assert_close(got, want)
     (gr,) = _grads(got, bad)
     assert torch.isfinite(gr).all() and (gr[0, 4:] == 0).all()
+
+
+# --------------------------------------------------------------------------- backends, registry
+def test_every_backend_against_path_enumeration(pruned_backend):
+    am, lm, symbols = _inputs(seed=22)
+    bnd = _boundary("constrained")
+    for rt in TYPES:
+        got = rnnt_loss_simple(lm, am, symbols, 0, boundary=bnd, rnnt_type=rt, reduction="none",
+                               backend=pruned_backend)
+        want = oracle_simple(lm, am, symbols, 0, bnd, rt)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+        logits = torch.randn(3, 5, 2, 5, dtype=F64)
+        ranges = _random_ranges(3, 5, 3, 2, rt, seed=23)
+        got = rnnt_loss_pruned(logits, symbols, ranges, 0, boundary=bnd, rnnt_type=rt,
+                               reduction="none", backend=pruned_backend)
+        want = oracle_pruned(logits, symbols, ranges, 0, bnd, rt)
+        fin = torch.isfinite(want)
+        assert torch.equal(fin, torch.isfinite(got))
+        torch.testing.assert_close(got[fin], want[fin], rtol=1e-10, atol=1e-10)
+
+
+def test_registry_entry_diagnose_and_bench():
+    from seqloss._core import registry
+    from seqloss.bench import pruned as bench_pruned
+
+    fam = registry.family("pruned")
+    assert fam.loss_fn() is seqloss.rnnt_loss_pruned
+    assert fam.bench_module() is bench_pruned
+    am, lm, symbols = _inputs(B=2, T=6, S=3, C=5, seed=24)
+    am, lm = am.detach(), lm.detach()
+    _, (pxg, pyg) = rnnt_loss_simple(lm, am, symbols, 0, return_grad=True)
+    ranges = get_rnnt_prune_ranges(pxg, pyg, None, 2)
+    am_p, lm_p = do_rnnt_pruning(am, lm, ranges)
+    logits = (am_p + lm_p).clone()
+    logits[1, 2, 0, 3] = float("nan")
+    rep = seqloss.diagnose("pruned", logits, symbols, ranges, 0)
+    assert rep.sequences[0].status == "ok" and rep.nonfinite == [1]
+    want = rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0, reduction="none")
+    assert abs(rep.sequences[0].loss - float(want[0])) < 1e-4
+    rows = bench_pruned.run(bench_pruned.cases("tiny"), repeat=1, memory=False, log=None)
+    assert {r["impl"] for r in rows} >= {"seqloss pipeline", "seqloss full-joint"}
+    assert any(p["peer"] == "seqloss full-joint" for p in bench_pruned.pair_rows(rows))
