@@ -204,9 +204,21 @@ def _offsets(tl):
 
 @njit(cache=True, error_model="numpy")
 def _zero_rows(grad, tb_layout, b, t0, t1):
+    C = grad.shape[2]
     for t in range(t0, t1):
-        g = _row(grad, tb_layout, t, b)
-        g[:] = 0.0
+        for c in range(C):
+            if tb_layout:
+                grad[t, b, c] = 0.0
+            else:
+                grad[b, t, c] = 0.0
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _grad_sub(grad, tb_layout, t, b, c, v):
+    if tb_layout:
+        grad[t, b, c] -= v
+    else:
+        grad[b, t, c] -= v
 
 
 # --------------------------------------------------------------------------- segments
@@ -257,9 +269,12 @@ def _softmax_lse(xr, C, ex):
 @njit(inline="always", cache=True, error_model="numpy")
 def _write_softmax(grad, tb_layout, t, b, C, ex, s):
     inv = 1.0 / s
-    g = _row(grad, tb_layout, t, b)
-    for c in range(C):
-        g[c] = ex[c] * inv
+    if tb_layout:
+        for c in range(C):
+            grad[t, b, c] = ex[c] * inv
+    else:
+        for c in range(C):
+            grad[b, t, c] = ex[c] * inv
 
 
 # --------------------------------------------------------------------------- log space
@@ -415,8 +430,8 @@ def _expo(m):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _fast_emissions(xr, lab, lse, lp, er):
-    """``er = exp(lp - M)`` for one frame's label log-probs ``lp = x[lab] - lse``.
+def _fast_emissions(xr, lab, lse, lp, E, r):
+    """``E[r] = exp(lp - M)`` for one frame's label log-probs ``lp = x[lab] - lse``.
 
     Returns ``(M, ok)``; not ok: every label masked (``M = -inf``, an exact zero
     that the caller decides in log space), a non-finite ``M``, or a nonzero label
@@ -434,7 +449,7 @@ def _fast_emissions(xr, lab, lse, lp, er):
     under = False
     for j in range(nl):
         d = lp[j] - M
-        er[j] = _exp(d)
+        E[r, j] = _exp(d)
         under |= ((d < EXP_MIN) & (lp[j] > NEG_INF)) | (lp[j] != lp[j])
     return M, not under
 
@@ -443,8 +458,10 @@ def _fast_emissions(xr, lab, lse, lp, er):
 # passed to a call cost an atomic incref/decref each, ~30% of a short sequence's time
 # (T=26, C=7: 10-15% faster inlined, 6% longer first-call compile).
 @njit(inline="always", cache=True, error_model="numpy")
-def _fast_alpha_step(t, Tb, K, Lb, ap_e, ap_o, kp, an_e, an_o, kn, el, sk, bsh):
-    """Scaled alpha of frame ``t >= 1`` (rows ``an_*``, ``kn``) from frame ``t - 1``'s.
+def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
+    """Scaled alpha of frame ``t >= 1`` (ring rows ``r`` of ``AE``, ``AO``, ``KA``) from
+    frame ``t - 1``'s (rows ``p``); emissions in row ``r`` of ``E``. Rows are indexed, not
+    sliced: a row view costs an atomic incref/decref pair per frame.
 
     Writes the band of ``t``, its block exponents (``KZ`` elsewhere) and exact
     zeros at the two states above the band (frame ``t + 1`` reads them). Returns
@@ -455,15 +472,16 @@ def _fast_alpha_step(t, Tb, K, Lb, ap_e, ap_o, kp, an_e, an_o, kn, el, sk, bsh):
     hi = min(K - 1, 2 * t + 1)
     ie0, ie1 = (lo + 1) // 2, hi // 2
     io0, io1 = lo // 2, (hi - 1) // 2
-    kn[:] = KZ
-    eb = el[0]
+    for j in range(KA.shape[1]):
+        KA[r, j] = KZ
+    eb = E[r, 0]
     nbad = 0
     for j in range(min(ie0, io0) >> bsh, (max(ie1, io1) >> bsh) + 1):
         base = j << bsh
         # block j is computed at its exponent of t - 1 (an all-zero block: its
         # lower neighbour's); the lower neighbour's last odd state enters scaled by f
-        kl = kp[j - 1] if j > 0 else KZ
-        kj = kp[j] if kp[j] != KZ else (kl if kl != KZ else 0)
+        kl = KA[p, j - 1] if j > 0 else KZ
+        kj = KA[p, j] if KA[p, j] != KZ else (kl if kl != KZ else 0)
         f = 0.0
         if kl != KZ:
             nbad += (kl - kj) > 1000
@@ -472,56 +490,56 @@ def _fast_alpha_step(t, Tb, K, Lb, ap_e, ap_o, kp, an_e, an_o, kn, el, sk, bsh):
         a0 = max(ie0, base)
         a1 = min(ie1, base + bw - 1)
         if a0 == 0 and a1 >= 0:
-            w = ap_e[0]
+            w = AE[p, 0]
             v = w * eb
-            an_e[0] = v
+            AE[r, 0] = v
             nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
             m = max(m, v)
             a0 = 1
         for i in range(a0, a1 + 1):
-            po = ap_o[i - 1]
-            w = ap_e[i] + po * (f if i == base else 1.0)
+            po = AO[p, i - 1]
+            w = AE[p, i] + po * (f if i == base else 1.0)
             v = w * eb
-            an_e[i] = v
+            AE[r, i] = v
             nbad += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
             m = max(m, v)
         b0 = max(io0, base)
         b1 = min(io1, base + bw - 1)
         if b0 == 0 and b1 >= 0:
-            w = ap_o[0] + ap_e[0]
-            e = el[1]
+            w = AO[p, 0] + AE[p, 0]
+            e = E[r, 1]
             v = w * e
-            an_o[0] = v
+            AO[r, 0] = v
             nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
             m = max(m, v)
             b0 = 1
         for i in range(b0, b1 + 1):
-            po = sk[i] * ap_o[i - 1]
-            w = ap_o[i] + ap_e[i] + po * (f if i == base else 1.0)
-            e = el[i + 1]
+            po = sk[i] * AO[p, i - 1]
+            w = AO[p, i] + AE[p, i] + po * (f if i == base else 1.0)
+            e = E[r, i + 1]
             v = w * e
-            an_o[i] = v
+            AO[r, i] = v
             nbad += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
             m = max(m, v)
         if m > 0.0:
             ex_ = _expo(m)
             sc = _p2(-ex_)
-            kn[j] = kj + ex_
+            KA[r, j] = kj + ex_
             for i in range(max(ie0, base), a1 + 1):
-                v = an_e[i]
+                v = AE[r, i]
                 u = v * sc
-                an_e[i] = u
+                AE[r, i] = u
                 nbad += (v > 0.0) & (u < TINY)
             for i in range(max(io0, base), b1 + 1):
-                v = an_o[i]
+                v = AO[r, i]
                 u = v * sc
-                an_o[i] = u
+                AO[r, i] = u
                 nbad += (v > 0.0) & (u < TINY)
     for s in range(hi + 1, min(hi + 3, K)):
         if s % 2 == 0:
-            an_e[s // 2] = 0.0
+            AE[r, s // 2] = 0.0
         else:
-            an_o[s // 2] = 0.0
+            AO[r, s // 2] = 0.0
     return nbad
 
 
@@ -555,42 +573,38 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t
                     _write_softmax(grad, tb_layout, t, b, C, ex, s)
             else:
                 lse = lses[t]
-        M, ok = _fast_emissions(xr, lab, lse, lp, E[r])
+        M, ok = _fast_emissions(xr, lab, lse, lp, E, r)
         if first and not ok:
             # Every label masked at this frame (an exact zero), or a non-finite
             # input that the caller will poison: decide in log space.
             return False, logscale
         logscale += M
-        an_e = AE[r]
-        an_o = AO[r]
-        kn = KA[r]
         if t == t0:
             if first:  # frame 0; the buffers are fresh (zeros, KZ)
                 if K - 2 * Tb <= 0:  # else (T_b = L_b) state 0 cannot reach the end
-                    an_e[0] = E[r, 0]
+                    AE[r, 0] = E[r, 0]
                 if K > 1:
-                    an_o[0] = E[r, 1]
-                m = max(an_e[0], an_o[0])
+                    AO[r, 0] = E[r, 1]
+                m = max(AE[r, 0], AO[r, 0])
                 if not m > 0.0:
                     return False, logscale
                 e0 = _expo(m)
                 sc = _p2(-e0)
-                an_e[0] *= sc
-                an_o[0] *= sc
-                kn[0] = e0
-                if (an_e[0] > 0.0 and an_e[0] < TINY) or (an_o[0] > 0.0 and an_o[0] < TINY):
+                AE[r, 0] *= sc
+                AO[r, 0] *= sc
+                KA[r, 0] = e0
+                v0, v1 = AE[r, 0], AO[r, 0]
+                if (v0 > 0.0 and v0 < TINY) or (v1 > 0.0 and v1 < TINY):
                     return False, logscale
         else:
-            p = (t - 1) % S
-            nbad = _fast_alpha_step(t, Tb, K, Lb, AE[p], AO[p], KA[p], an_e, an_o, kn, E[r], sk,
-                                    bsh)
+            nbad = _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, (t - 1) % S, r, E, sk, bsh)
             if first and nbad:
                 return False, logscale
         if first and r == 0 and t // S < nck:
             k = t // S
-            CE[k] = an_e
-            CO[k] = an_o
-            CK[k] = kn
+            CE[k] = AE[r]
+            CO[k] = AO[r]
+            CK[k] = KA[r]
     return True, logscale
 
 
@@ -677,41 +691,36 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
             io0, io1 = lo // 2, (hi - 1) // 2
             j0 = min(ie0, io0) >> bsh
             j1 = max(ie1, io1) >> bsh
-            a_e = AE[r]
-            a_o = AO[r]
-            ka = KA[r]
             kmax = KZ
             for j in range(j0, j1 + 1):
-                if ka[j] != KZ and KB[j] != KZ:
-                    kmax = max(kmax, ka[j] + KB[j])
+                if KA[r, j] != KZ and KB[j] != KZ:
+                    kmax = max(kmax, KA[r, j] + KB[j])
             if kmax == KZ:
                 return FALLBACK
             for j in range(j0, j1 + 1):
-                fb[j] = _p2(ka[j] + KB[j] - kmax) if (ka[j] != KZ and KB[j] != KZ) else 0.0
+                fb[j] = _p2(KA[r, j] + KB[j] - kmax) if (KA[r, j] != KZ and KB[j] != KZ) else 0.0
             ze = 0.0
             zo = 0.0
             for j in range(j0, j1 + 1):
                 fj = fb[j]
                 base = j << bsh
                 for i in range(max(ie0, base), min(ie1, base + bw - 1) + 1):
-                    ze += a_e[i] * be[i] * fj
+                    ze += AE[r, i] * be[i] * fj
                 for i in range(max(io0, base), min(io1, base + bw - 1) + 1):
-                    zo += a_o[i] * bo[i] * fj
+                    zo += AO[r, i] * bo[i] * fj
             Z = ze + zo
             if not Z >= Z_MIN:
                 return FALLBACK
             invZ = 1.0 / Z
-            g = _row(grad, tb_layout, t, b)
             if not fused:
-                g[:] = 0.0
-            g[lab[0]] -= ze * invZ
+                _zero_rows(grad, tb_layout, b, t, t + 1)
+            _grad_sub(grad, tb_layout, t, b, lab[0], ze * invZ)
             for i in range(io0, io1 + 1):
-                g[lab[i + 1]] -= a_o[i] * bo[i] * (fb[i >> bsh] * invZ)
+                _grad_sub(grad, tb_layout, t, b, lab[i + 1], AO[r, i] * bo[i] * (fb[i >> bsh] * invZ))
             if t == 0:
                 break
             # emission-inclusive beta at t over the band of t, then beta' at t - 1
             eb = E[r, 0]
-            el = E[r]
             nbad = 0
             for i in range(ie0, ie1 + 1):
                 bv = be[i]
@@ -720,7 +729,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
                 nbad += (bv > 0.0) & (eb > 0.0) & (v < TINY)
             for i in range(io0, io1 + 1):
                 bv = bo[i]
-                e = el[i + 1]
+                e = E[r, i + 1]
                 v = bv * e
                 io_[i] = v
                 nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
