@@ -102,16 +102,18 @@ def test_forward_only_matches_forward_backward(path, monkeypatch):
                                              (True, "other class")])
 def test_nan_in_a_segmented_sequence_poisons_it_alone(fused, where, monkeypatch):
     # A NaN log-probability of one of the sequence's labels (or, fused, any logit
-    # of a frame) makes its loss NaN, as in the reference; the others stay fast.
+    # of a frame) makes its loss and read gradient rows NaN, as in the reference;
+    # the others stay fast.
     x, tg, il, tl = _inputs(150, 3, 8, 20, seed=4)
     il[1] = 150
     tg[1] = torch.arange(20) % 3 + 1  # classes 4..7 are not labels of sequence 1
     lp = x if fused else x.log_softmax(-1)
     lp[100, 1, tg[1, 0] if where == "label" else 6] = float("nan")
     loss, grad, status = _run(lp, tg, il, tl, fused, seg=6, monkeypatch=monkeypatch)
-    assert status[1] == "logspace" and status[0] == status[2] == "fast"
+    assert status[1] == "nonfinite" and status[0] == status[2] == "fast"
     want_l, want_g = rk.ctc_loss_forward(lp, tg, il, tl, 0, fused, True)
     assert torch.isnan(want_l[1]) and torch.isnan(loss[1])
+    assert torch.isnan(grad[: il[1], 1]).all()
     ok = [0, 2]
     assert_close_budget(loss[ok], want_l[ok], rtol=1e-12, what="loss")
     assert_close_budget(grad[:, ok], want_g[:, ok], rtol=0.0, atol=1e-10, what="grad")
