@@ -25,9 +25,14 @@ second ``exp`` pass.
 
 from __future__ import annotations
 
-import torch
+import math
 
-from ..lattice.numba_cpu import transducer_lattice
+import numpy as np
+import torch
+from numba import njit
+
+from ..._core.numba_pool import own_lines, run_jobs
+from ..lattice.numba_cpu import _lse, transducer_lattice
 from .table import JointTable
 
 NEG_INF = float("-inf")
@@ -62,6 +67,397 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(log_z == NEG_INF, NEG_INF, (x - m) - log_z)
 
 
+# --------------------------------------------------------------------------- many-arc tables
+# Multi-blank and TDT (any table but RNN-T's, float32/float64 input): the arcs are never
+# materialized. Per state the lattice keeps compact scores (one log-prob per distinct blank
+# class, one for the next label, the D duration log-probs), each arc's score is a sum of
+# two of them, and one Numba job per sequence runs alpha, then beta with the arcs'
+# occupations and the whole epilogue of that state's gradient row (the occupations are
+# never stored either: the lattice's peak is a few numbers per state).
+
+
+@njit(cache=True, nogil=True)
+def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
+    """Duration log-probs of one sequence's rows: ``sd[t, u] = log_softmax(xd[t, u])``
+    (``xd`` as given if not ``fused``); guarded (a row of ``-inf`` stays ``-inf``).
+
+    Returns: whether a row holds NaN or ``+inf`` (the sequence's loss is then NaN).
+    """
+    tb, u1, D = xd.shape
+    bad = False
+    for t in range(tb):
+        for u in range(u1):
+            m = NEG_INF
+            for k in range(D):
+                v = np.float64(xd[t, u, k])
+                if v != v or v == math.inf:
+                    bad = True
+                if v > m:
+                    m = v
+            if not fused:
+                for k in range(D):
+                    sd[t, u, k] = xd[t, u, k]
+                continue
+            if m == NEG_INF:
+                for k in range(D):
+                    sd[t, u, k] = NEG_INF
+                continue
+            s = 0.0
+            for k in range(D):
+                s += math.exp(np.float64(xd[t, u, k]) - m)
+            ls = math.log(s)
+            for k in range(D):
+                sd[t, u, k] = (np.float64(xd[t, u, k]) - m) - ls
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _token_scores(xb, xe, m, s, fused, sigma, sb, se):  # noqa: ANN001, ANN201
+    """One sequence's blank-class and next-label log-probs minus ``sigma``.
+
+    ``xb (T_b, U_b+1, nu)``, ``xe (T_b, U_b)`` the gathered logits; ``m``, ``s`` the rows'
+    shift and ``sum exp(x - m)`` (a row with ``s = 0`` has no arc out of it). The
+    log-prob is ``(x - m) - log(s)``, never ``x - (m + log(s))`` (logits of 1e4).
+    """
+    tb, u1, nu = xb.shape
+    for t in range(tb):
+        for u in range(u1):
+            if fused:
+                sv = np.float64(s[t, u])
+                if sv == 0.0:
+                    for k in range(nu):
+                        sb[t, u, k] = NEG_INF
+                    if u < u1 - 1:
+                        se[t, u] = NEG_INF
+                    continue
+                mv = np.float64(m[t, u])
+                ls = math.log(sv)
+                for k in range(nu):
+                    sb[t, u, k] = ((np.float64(xb[t, u, k]) - mv) - ls) - sigma
+                if u < u1 - 1:
+                    se[t, u] = ((np.float64(xe[t, u]) - mv) - ls) - sigma
+            else:
+                for k in range(nu):
+                    sb[t, u, k] = np.float64(xb[t, u, k]) - sigma
+                if u < u1 - 1:
+                    se[t, u] = np.float64(xe[t, u]) - sigma
+
+
+@njit(cache=True, nogil=True)
+def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, ll,  # noqa: ANN001, ANN201, PLR0913
+                         compute_grad, fused, scale, clamp, gscale, rs, tg, uniq,
+                         gt, V, Wt, gd, Wd, cd, base, st, job):
+    """Sequence ``b = job``: ``ll[b]`` and, with ``compute_grad``, its gradient rows.
+
+    Arc ``i`` of the blank-like arcs scores ``sb[t, u, bcol[i]] (+ sd[t, u, bdl[i]])`` and
+    advances ``bd[i]`` frames; emission ``j`` scores ``se[t, u] (+ sd[t, u, edl[j]])`` and
+    advances ``ed[j]`` frames (``bdl``/``edl`` ``-1``: no duration term). The lattice's
+    semantics are ``seqloss.transducer.lattice.reference.transducer_lattice``'s (float64
+    here). The backward pass takes each state's arcs once: ``beta`` from their terms, and
+    their occupations ``exp(alpha + term - ll) = exp(term - max) * exp(alpha + max - ll)``
+    from the same exponentials (``alpha + max - ll <= 0``: no overflow).
+
+    The gradient row of state ``(t, u)`` is written where row ``base[b] + t st[b] + u``
+    starts: ``gt[r Wt : r Wt + V]`` (token block, holding ``exp(x - m)`` when ``fused``)
+    and ``gd[r Wd + cd : ... + D]`` (duration block): ``softmax * total - occupations``
+    per block (``-occupations`` if not ``fused``), clamped to ``[-clamp, clamp]`` when
+    ``clamp > 0``, then times ``gscale``. ``rs``: the token rows' ``sum exp(x - m)``.
+    Sequences with ``skip[b]`` (NaN logits) and without a path get no row written.
+    """
+    b = job
+    Tb, Ub = Tl[b], Ul[b]
+    if skip[b]:
+        ll[b] = NAN
+        return
+    if Tb == 0:
+        ll[b] = NEG_INF
+        return
+    Db, De = bd.shape[0], ed.shape[0]
+    nu, D = uniq.shape[0], sd.shape[3]
+    sbb, seb, sdb = sb[b], se[b], sd[b]
+    n_arcs = Db + De
+    buf = np.empty(n_arcs, dtype=np.float64)
+    kind = np.empty(n_arcs, dtype=np.int64)
+    alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
+    for t in range(Tb + 1):
+        for u in range(Ub + 1):
+            if t == 0 and u == 0:
+                alpha[0, 0] = 0.0
+                continue
+            n = 0
+            for i in range(Db):
+                ts = t - bd[i]
+                if ts >= 0:
+                    v = alpha[ts, u] + sbb[ts, u, bcol[i]]
+                    if bdl[i] >= 0:
+                        v += sdb[ts, u, bdl[i]]
+                    buf[n] = v
+                    n += 1
+            if u > 0 and t < Tb + ce:
+                for j in range(De):
+                    ts = t - ed[j]
+                    if 0 <= ts < Tb:  # arcs leave frames t < Tb only
+                        v = alpha[ts, u - 1] + seb[ts, u - 1]
+                        if edl[j] >= 0:
+                            v += sdb[ts, u - 1, edl[j]]
+                        buf[n] = v
+                        n += 1
+            alpha[t, u] = _lse(buf, n)
+    lb = alpha[Tb, Ub]
+    ll[b] = lb
+    if not compute_grad or lb == NEG_INF or lb != lb:
+        return
+    beta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
+    for u in range(Ub + 1):
+        beta[Tb, u] = NEG_INF
+    beta[Tb, Ub] = 0.0
+    e = np.empty(n_arcs, dtype=np.float64)
+    oc = np.empty(nu, dtype=np.float64)
+    od = np.empty(max(D, 1), dtype=np.float64)
+    for t in range(Tb - 1, -1, -1):
+        for u in range(Ub, -1, -1):
+            n = 0
+            for i in range(Db):
+                td = t + bd[i]
+                if td <= Tb:
+                    v = sbb[t, u, bcol[i]]
+                    if bdl[i] >= 0:
+                        v += sdb[t, u, bdl[i]]
+                    buf[n] = v + beta[td, u]
+                    kind[n] = i
+                    n += 1
+            if u < Ub:
+                for j in range(De):
+                    td = t + ed[j]
+                    if td < Tb + ce:
+                        v = seb[t, u]
+                        if edl[j] >= 0:
+                            v += sdb[t, u, edl[j]]
+                        buf[n] = v + beta[td, u + 1]
+                        kind[n] = Db + j
+                        n += 1
+            mx = NEG_INF
+            for k in range(n):
+                if buf[k] > mx:
+                    mx = buf[k]
+            a = alpha[t, u]
+            c = 0.0
+            if mx == NEG_INF:
+                beta[t, u] = NEG_INF
+            else:
+                sm = 0.0
+                for k in range(n):
+                    e[k] = math.exp(buf[k] - mx)
+                    sm += e[k]
+                beta[t, u] = mx + math.log(sm)
+                if a != NEG_INF:
+                    c = math.exp(a + mx - lb)
+            # ---- the state's occupations -> its gradient row
+            total = 0.0
+            oe = 0.0
+            for k in range(nu):
+                oc[k] = 0.0
+            for k in range(D):
+                od[k] = 0.0
+            if c > 0.0:
+                for k in range(n):
+                    o = e[k] * c
+                    q = kind[k]
+                    if q < Db:
+                        oc[bcol[q]] += o
+                        if bdl[q] >= 0:
+                            od[bdl[q]] += o
+                    else:
+                        o *= scale  # FastEmit's (1 + lambda) on emissions
+                        oe += o
+                        if edl[q - Db] >= 0:
+                            od[edl[q - Db]] += o
+                    total += o
+            r = base[b] + t * st[b] + u
+            row = gt[r * Wt : r * Wt + V]  # (a view: the loops below vectorize)
+            if fused:
+                sv = np.float64(rs[b, t, u])
+                w = gt.dtype.type(total / sv if sv > 0.0 else 0.0)
+                for v in range(V):
+                    row[v] *= w
+                for k in range(nu):
+                    row[uniq[k]] -= oc[k]
+                if u < Ub:
+                    row[tg[b, u]] -= oe
+            else:
+                row[:] = 0.0
+                for k in range(nu):
+                    row[uniq[k]] = -oc[k]
+                if u < Ub:
+                    row[tg[b, u]] = -oe
+            if clamp > 0.0:
+                hi = gt.dtype.type(clamp)
+                for v in range(V):
+                    row[v] = min(max(row[v], -hi), hi)
+            if gscale != 1.0:
+                gsc = gt.dtype.type(gscale)
+                for v in range(V):
+                    row[v] *= gsc
+            d0 = r * Wd + cd
+            for k in range(D):
+                g = math.exp(sdb[t, u, k]) * total - od[k] if fused else -od[k]
+                if clamp > 0.0:
+                    g = min(max(g, -clamp), clamp)
+                gd[d0 + k] = g * gscale
+
+
+def _is_rnnt(table: JointTable) -> bool:
+    return (table.blank_durations == (1,) and table.emit_durations == (0,)
+            and not table.emit_can_end and not table.num_durations)
+
+
+def _table_path(table: JointTable, dtype: torch.dtype, grad_buffer: torch.Tensor | None) -> bool:
+    """The compact many-arc path: any table but RNN-T's, float32/float64, no caller buffer."""
+    return (not _is_rnnt(table) and dtype in (torch.float32, torch.float64)
+            and grad_buffer is None)
+
+
+def _forward_table(
+    logits: torch.Tensor,
+    dur_logits: torch.Tensor | None,
+    targets: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    table: JointTable,
+    fused_log_softmax: bool,
+    grad_tok: torch.Tensor | None,
+    grad_dur: torch.Tensor | None,
+    grad_scale: float,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``_forward`` for many-arc tables (float32/float64), compact scores, fused epilogue.
+
+    ``grad_tok``: the contiguous gradient buffer the token block's rows start in (the
+    joint's whole gradient when ``rows`` -- the joint -- is given: the duration block is
+    then its last ``D`` columns; else a tensor of its own, as ``grad_dur``). No gradient
+    when ``grad_tok`` is ``None``.
+    """
+    dtype = logits.dtype
+    acc = _acc_dtype(dtype)
+    packed = logits.dim() == 2
+    V, D = table.num_tokens, table.num_durations
+    Tl = logit_lengths.tolist()
+    Ul = target_lengths.tolist()
+    B = len(Tl)
+    T = max(Tl, default=0) if packed else logits.shape[1]
+    U1 = max(Ul, default=0) + 1
+    offs = [0] * B
+    for b in range(1, B):
+        offs[b] = offs[b - 1] + Tl[b - 1] * (Ul[b - 1] + 1)
+    tg = targets.cpu()
+    uniq = sorted(set(table.blank_tokens))
+    bcol = [uniq.index(c) for c in table.blank_tokens]
+    bdl = [-1 if a.duration_logit is None else a.duration_logit for a in table.blank_arcs]
+    edl = [-1 if a.duration_logit is None else a.duration_logit for a in table.emit_arcs]
+    nu = len(uniq)
+    compute_grad = grad_tok is not None
+    whole = rows is not None and compute_grad  # token rows and duration columns in one buffer
+
+    # Compact scores in the accumulation dtype (the lattice adds them in float64).
+    sb = torch.empty((B, T, U1, nu), dtype=acc)
+    se = torch.empty((B, T, U1), dtype=acc)
+    sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=acc)
+    row_sum = torch.empty((B, T, U1), dtype=acc)
+    skip = np.zeros(B, dtype=np.uint8)
+    for b in range(B):
+        tb, ub = Tl[b], Ul[b]
+        if tb == 0:
+            continue
+        x = _seq_view(logits, b, tb, ub, offs[b])
+        idx = tg[b, :ub].to(x.device)[None, :, None].expand(tb, ub, 1)
+        xb = x[..., uniq].to(acc, copy=True)
+        xe = x[:, :ub].gather(2, idx)[..., 0].to(acc)
+        any_bad = False
+        if D:
+            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach()
+            any_bad = _duration_scores(xd.numpy(), fused_log_softmax, sd[b, :tb, : ub + 1].numpy())
+        m_b = torch.empty((tb, ub + 1), dtype=acc)
+        s_b = row_sum[b, :tb, : ub + 1]
+        g = _seq_view(grad_tok, b, tb, ub, offs[b]) if compute_grad else None
+        xr = _seq_view(rows, b, tb, ub, offs[b]) if whole else None
+        for t0, t1 in _chunks(tb, ub, V + (D if whole else 0)):
+            xc = x[t0:t1]
+            m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
+            any_bad |= bool((~(m < float("inf"))).any())
+            if not fused_log_softmax:
+                continue
+            m = torch.where(m == NEG_INF, 0.0, m)  # a row of -inf: shift 0, sum 0
+            if g is not None:
+                gc = g[t0:t1]
+                # Whole rows of the joint (the duration columns: scratch, overwritten by
+                # the kernel): a row of the token view alone is misaligned, slower.
+                torch.sub(xr[t0:t1] if whole else xc, m[..., None], out=gc)
+                gc.exp_()
+                s = (gc[..., :V] if whole else gc).sum(-1, dtype=acc)
+            else:
+                s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
+            s_b[t0:t1] = s
+            m_b[t0:t1] = m
+        if any_bad:
+            skip[b] = 1
+            continue
+        _token_scores(xb.numpy(), xe.numpy(), m_b.numpy(), s_b.numpy(), fused_log_softmax,
+                      float(table.sigma), sb[b, :tb, : ub + 1].numpy(), se[b, :tb, :ub].numpy())
+        del xb, xe, m_b
+
+    # ---- the lattice and, per state, its gradient row (one job per sequence)
+    ll = torch.empty((B,), dtype=torch.float64)
+    i64 = np.int64
+    if compute_grad:
+        W = grad_tok.shape[-1]
+        gt = grad_tok.view(-1).numpy()
+        gd = gt if whole or not D else grad_dur.view(-1).numpy()
+        Wd = W if whole or not D else D
+        cd = V if whole else 0
+        if packed:
+            base, st = offs, [ub + 1 for ub in Ul]
+        else:
+            U1f = grad_tok.shape[2]
+            base, st = [b * T * U1f for b in range(B)], [U1f] * B
+    else:
+        gt = gd = np.empty(0, dtype=np.float32 if acc == torch.float32 else np.float64)
+        W = Wd = 1
+        cd = 0
+        base = st = [0] * B
+    Tla, Ula = own_lines(np.asarray(Tl, dtype=i64)), own_lines(np.asarray(Ul, dtype=i64))
+    run_jobs(table_lattice_kernel,
+             (sb.numpy(), se.numpy(), sd.numpy(), Tla, Ula,
+              own_lines(np.asarray(bcol, dtype=i64)), own_lines(np.asarray(bdl, dtype=i64)),
+              own_lines(np.asarray(table.blank_durations, dtype=i64)),
+              own_lines(np.asarray(edl, dtype=i64)),
+              own_lines(np.asarray(table.emit_durations, dtype=i64)),
+              int(table.emit_can_end), own_lines(skip), ll.numpy(), compute_grad,
+              bool(fused_log_softmax), 1.0 + table.fastemit_lambda, float(table.clamp),
+              float(grad_scale), row_sum.numpy(), np.ascontiguousarray(tg.numpy().astype(i64)),
+              own_lines(np.asarray(uniq, dtype=i64)), gt, V, W, gd, Wd, cd,
+              own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64))),
+             range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul)])
+    del sb, se, sd, row_sum
+    loss = (-ll * (1.0 + table.fastemit_lambda)).to(acc)  # NaN where skipped
+    loss = loss.to(logits.device)
+    if not compute_grad:
+        return loss
+
+    # ---- padding, sequences without a path (zero) and NaN sequences (NaN)
+    llist = ll.tolist()
+    grads = (grad_tok,) if whole or not D else (grad_tok, grad_dur)
+    for b in range(B):
+        tb, ub = Tl[b], Ul[b]
+        if not packed:
+            for gg in grads:
+                gg[b, tb:].zero_()
+                gg[b, :tb, ub + 1 :].zero_()
+        if tb and (skip[b] or llist[b] == NEG_INF):
+            for gg in grads:
+                _seq_view(gg, b, tb, ub, offs[b]).fill_(NAN if skip[b] else 0.0)
+    return loss
+
+
 def joint_loss_forward(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -75,6 +471,12 @@ def joint_loss_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
     V, D = table.num_tokens, table.num_durations
+    if _table_path(table, logits.dtype, grad_buffer):
+        grad = torch.empty(logits.shape, dtype=logits.dtype) if compute_grad else None
+        loss = _forward_table(logits[..., :V] if D else logits, logits[..., V:] if D else None,
+                              targets, logit_lengths, target_lengths, table, fused_log_softmax,
+                              grad, None, grad_scale, rows=logits if D else None)
+        return loss, (grad if grad is not None else logits.new_empty(0))
     grad = None
     if compute_grad:
         grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
@@ -102,6 +504,15 @@ def joint_loss_forward_pair(
     grad_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """See ``seqloss.transducer.joint.reference.joint_loss_forward_pair``."""
+    if _table_path(table, token_logits.dtype, None):
+        gt = torch.empty(token_logits.shape, dtype=token_logits.dtype) if compute_grad else None
+        gd = (torch.empty(duration_logits.shape, dtype=duration_logits.dtype)
+              if compute_grad else None)
+        loss = _forward_table(token_logits, duration_logits, targets, logit_lengths,
+                              target_lengths, table, fused_log_softmax, gt, gd, grad_scale)
+        if not compute_grad:
+            return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
+        return loss, gt, gd
     gt = torch.empty_like(token_logits) if compute_grad else None
     gd = torch.empty_like(duration_logits) if compute_grad else None
     loss = _forward(token_logits, duration_logits, targets, logit_lengths, target_lengths,
