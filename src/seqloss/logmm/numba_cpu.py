@@ -1,7 +1,11 @@
 """CPU backend of ``logmmexp``: the max-shifted matmul where it is provably exact, and an
 exact recomputation of only the entries where it is not.
 
-Same functions and contract as ``reference.py``.
+Same functions and contract as ``reference.py``. The "numba" backend of this family
+holds no Numba code: a blocked exact Numba kernel (two passes over ``K`` per entry,
+one scalar ``exp`` per term; ``benchmarks/bench_logmmexp.py --exact``) measured
+slower in its forward alone than this path's forward and backward together, as
+Numba's ``exp`` is scalar here while BLAS and torch's ``exp`` are vectorized.
 
 The shortcut. With ``s_i = max_k a[i, k]`` and ``t_j = max_k b[k, j]`` (0 where the
 maximum is not finite), ``ea = exp(a - s) <= 1``, ``eb = exp(b - t) <= 1`` and
@@ -13,13 +17,15 @@ costs a bounded *absolute* error in ``S``:
   2^-1022 in float64) may be flushed or held as a subnormal, and a product of two
   factors below ``tiny`` likewise; as the other factor is ``<= 1``, such a term's
   true value is below ``tiny`` and its computed value in ``[0, tiny]``: an absolute
-  error ``< tiny``. Every other term is computed to a few ulps, relatively;
-* so ``|S_hat - S| <= K tiny + (the matmul's ordinary relative rounding)``.
+  error ``< tiny``. Every other term is computed to a few ulps, relatively. (The
+  factors below a level ``f`` are in fact set to 0 on purpose, so that no product is
+  subnormal, see :func:`_flush`: the same argument with ``f`` for ``tiny``.)
+* so ``|S_hat - S| <= K max(tiny, f) + (the matmul's ordinary relative rounding)``.
 
 Where ``S_hat >= thr`` the underflow part of the error in ``out`` is therefore below
-``K tiny / thr`` nats: with ``thr = 2^-64`` in float32 that is ``K 2^-62``, under
-float32's own rounding (2^-24) for any ``K < 2^38``; in float64, ``thr = 2^-900``
-gives ``K 2^-122``. Entries with ``S_hat < thr`` (or not finite: ``-inf`` rows,
+``K f / thr`` nats: ``f`` is chosen as ``thr 2^-(p + 4) / K`` (p: mantissa bits), a
+sixteenth of an ulp, with ``thr = 2^-64`` in float32 and ``2^-900`` in float64.
+Entries with ``S_hat < thr`` (or not finite: ``-inf`` rows,
 ``+inf``/NaN inputs) are the ones whose dominant term ``a[i, k] + b[k, j]`` sits
 more than ``-log2 thr`` bits below ``s_i + t_j`` (the two maxima are on different
 ``k``), the seed case ``a = [0, -1000]``, ``b = [-1000, 0]`` among them. For
@@ -30,9 +36,9 @@ exactly, entry by entry (a gathered ``logsumexp`` over ``K``, chunked).
 The backward reuses the factorization ``w = exp(a + b - out) = ea * eb * exp(c)`` with
 ``c[i, j] = s_i + t_j - out[i, j] = -log S``: for an entry the forward resolved at
 threshold ``thr``, ``exp(c) <= 1/thr`` (no overflow), and a term lost to underflow
-in ``ea`` or ``eb`` has a true weight below ``tiny / thr`` (2^-62 in float32,
-2^-122 in float64), so the gradient's absolute error is that fraction of
-``sum_j |g[i, j]|``. The tiers are chosen again from ``out`` alone (``c`` against
+or flushing in ``ea`` or ``eb`` has a true weight below ``f / thr`` (``2^-(p+4) / K``),
+so the gradient's absolute error is that fraction of ``sum_j |g[i, j]|``. ``S`` is
+saved by the forward (the shifted tier's ``exp(c) = 1/S``). The tiers are chosen again from ``out`` alone (``c`` against
 ``-log thr``), so the backward does not depend on how the forward rounded.
 """
 
@@ -66,11 +72,48 @@ def _all_finite(x: Tensor) -> bool:
     return bool(lo > -_INF) and bool(hi < _INF)  # False for NaN too
 
 
-def _shifted(a: Tensor, b: Tensor, s: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(S, ea, eb)``: the shifted matmul in ``a``'s dtype and its two factors."""
+# (smallest normal exponent, largest exponent, mantissa bits) of the two dtypes.
+_FLOAT = {torch.float32: (-126, 127, 24), torch.float64: (-1022, 1023, 53)}
+
+
+def _flush(dtype: torch.dtype, K: int) -> tuple[float, int]:
+    """``(f, lam)``: factors below ``f`` are set to 0 and ``eb`` is scaled by ``2^lam``.
+
+    Why: at large input scales most factors ``exp(a - s)`` are far below 1, and
+    their products fall into the subnormal range, where the CPU's matmul runs some
+    100x slower (measured: 250 ms against 1-12 ms for one (8, 300, 500) @ (8, 500, 61)
+    product at logit scale 30). With every factor either 0 or in ``[f, 1]`` (times
+    ``2^lam`` for ``eb``), each product lies in ``[f^2 2^lam, 2^lam]``: ``lam`` makes
+    that normal, and ``K 2^lam`` stays below overflow. A flushed factor's term is
+    below ``f``, so ``|S_hat - S| <= K f``; ``f = thr 2^-(p + 4) / K`` keeps that at a
+    sixteenth of an ulp of any accepted ``S >= thr`` (p: mantissa bits), and the
+    gradient's dropped weights ``ea eb / S`` below ``2^-(p + 4) / K`` each. Where no
+    such ``lam`` exists (``K`` beyond 2^22 in float32) nothing is flushed: exact as
+    before, only slower.
+    """
+    emin, emax, p = _FLOAT[dtype]
+    log2_k = max(0, math.ceil(math.log2(max(1, K))))
+    phi = round(-_LOG_THR[dtype] / math.log(2.0)) + p + log2_k + 4  # f = 2^-phi
+    lam = 2 * phi + emin + 1
+    if phi > -emin or log2_k + lam > emax - 2:
+        return 0.0, 0
+    return 2.0 ** -phi, lam
+
+
+def _shifted(a: Tensor, b: Tensor, s: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    """``(S, ea, eb_scaled, lam)``: the shifted matmul in ``a``'s dtype, its factors
+    (flushed, ``eb`` times ``2^lam``: see :func:`_flush`) and the scale's exponent."""
+    f, lam = _flush(a.dtype, a.shape[2])
     ea = torch.sub(a, s).exp_()
     eb = torch.sub(b, t).exp_()
-    return torch.bmm(ea, eb), ea, eb
+    if f > 0:
+        if bool(ea.amin() < f):  # one read; most inputs of moderate scale skip the fill
+            ea.masked_fill_(ea < f, 0.0)
+        eb.masked_fill_(eb < f, 0.0).mul_(2.0 ** lam)
+    S = torch.bmm(ea, eb)
+    if lam:
+        S.mul_(2.0 ** -lam)  # exact: a power of two, and S >= thr is normal
+    return S, ea, eb, lam
 
 
 def _ok(S: Tensor) -> Tensor:
@@ -107,7 +150,7 @@ def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, 
         return out, ([torch.zeros_like(a), torch.zeros_like(b), *_shifts(a, b),
                       torch.zeros_like(out)] if compute_grad else [])
     s, t = _shifts(a, b)
-    S, ea, eb = _shifted(a, b, s, t)
+    S, ea, eb, lam = _shifted(a, b, s, t)
     # S itself is saved, not recovered from out: exp(s + t - out) would carry out's
     # rounding (an ulp of |out|, 2^-10 nats at 1e4) into every weight.
     saved = [ea, eb, s, t, S] if compute_grad else []
@@ -124,7 +167,7 @@ def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, 
         # Second tier: the rows holding a rejected entry, in float64.
         for bidx in torch.nonzero(~ok.all(dim=2).all(dim=1)).flatten().tolist():
             rows = torch.nonzero(~ok[bidx].all(dim=1)).flatten()
-            S64, _, _ = _shifted(a[bidx, rows].double()[None], b[bidx].double()[None],
+            S64, _, _, _ = _shifted(a[bidx, rows].double()[None], b[bidx].double()[None],
                                  s[bidx, rows].double()[None], t[bidx].double()[None])
             o64 = torch.log(S64[0]).add_(s[bidx, rows].double()).add_(t[bidx].double())
             take = _ok(S64[0]) & ~ok[bidx, rows]
@@ -156,10 +199,20 @@ def _weights(g: Tensor, e: Tensor, take: Tensor | None) -> tuple[Tensor, Tensor 
     return G, scale
 
 
-def _grads_through(G: Tensor, scale: Tensor | None, ea: Tensor, eb: Tensor, need_a: bool,
-                   need_b: bool) -> tuple[Tensor | None, Tensor | None]:
-    ga = torch.bmm(G, eb.transpose(1, 2)).mul_(ea) if need_a else None
-    gb = torch.bmm(ea.transpose(1, 2), G).mul_(eb) if need_b else None
+def _grads_through(G: Tensor, scale: Tensor | None, ea: Tensor, eb: Tensor, lam: int,
+                   need_a: bool, need_b: bool) -> tuple[Tensor | None, Tensor | None]:
+    """``ea * (G @ eb^T)`` and ``eb * (ea^T @ G)`` for ``eb`` given times ``2^lam``.
+
+    ``G = g / S`` meets ``eb 2^lam`` scaled down by ``2^lam`` (an exact power of two),
+    so every product of both matmuls is ``g`` times a weight-like factor in
+    ``[f / K, 1/thr]``: normal, as in the forward.
+    """
+    ga = gb = None
+    if need_a:
+        G1 = G * 2.0 ** -lam if lam else G
+        ga = torch.bmm(G1, eb.transpose(1, 2)).mul_(ea)
+    if need_b:
+        gb = torch.bmm(ea.transpose(1, 2), G).mul_(eb * 2.0 ** -lam if lam else eb)
     if scale is not None:
         ga = ga.mul_(scale) if need_a else None
         gb = gb.mul_(scale) if need_b else None
@@ -177,20 +230,21 @@ def logmmexp_backward(
                 torch.zeros_like(b) if need_b else b.new_empty(0))
     if saved:
         ea, eb, s, t, S = saved
+        lam = _flush(a.dtype, K)[1]
     else:
         s, t = _shifts(a, b)
-        S, ea, eb = _shifted(a, b, s, t)
+        S, ea, eb, lam = _shifted(a, b, s, t)
     lo, hi = torch.aminmax(S)
     if bool(lo >= math.exp(_LOG_THR[S.dtype])) and bool(hi < _INF):  # the common case
         G, scale = _weights(g, torch.reciprocal(S), None)
-        ga, gb = _grads_through(G, scale, ea, eb, need_a, need_b)
+        ga, gb = _grads_through(G, scale, ea, eb, lam, need_a, need_b)
         return (ga if need_a else a.new_empty(0)), (gb if need_b else b.new_empty(0))
     ok = _ok(S)
     # Entries left for the slower tiers: S underflowed (out finite, far below the
     # shifts), +inf, NaN. out = -inf passes no gradient.
     rest = ~ok & ~(out == -_INF)
     G, scale = _weights(g, torch.where(ok, torch.reciprocal(S), 0.0), ok)
-    ga, gb = _grads_through(G, scale, ea, eb, need_a, need_b)
+    ga, gb = _grads_through(G, scale, ea, eb, lam, need_a, need_b)
     grad_a = ga if need_a else a.new_empty(0)
     grad_b = gb if need_b else b.new_empty(0)
     if a.dtype == torch.float32 and bool(rest.any()):
@@ -203,7 +257,7 @@ def logmmexp_backward(
             e64 = torch.exp(torch.where(take, c64, 0.0))
             G64, sc64 = _weights(g[bidx, rows].double()[None], e64, take)
             ga64, gb64 = _grads_through(G64, sc64, torch.sub(a64, s64).exp_(),
-                                        torch.sub(b64, t64).exp_(), need_a, need_b)
+                                        torch.sub(b64, t64).exp_(), 0, need_a, need_b)
             if need_a:
                 grad_a[bidx, rows] += ga64[0].float()
             if need_b:
