@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         print(line)
     print()
     print(_common.format_table(rows, [("case", "case", ""), ("impl", "impl", ""),
-                                      ("ms", "ms (fwd+bwd)", ".2f"), ("peak_mib", "peak MiB", ".1f"),
+                                      ("ms", "ms (fwd+bwd)", ".2f"),
+                                      ("peak_mib", "peak MiB", ".1f"),
                                       ("max_err", "max abs err (nats)", ".3g")]))
 
 

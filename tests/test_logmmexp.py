@@ -115,7 +115,8 @@ def test_values_and_grads_match_exact(backend, dtype, kind):
     gen = torch.Generator().manual_seed(1)
     for B, M, K, N in _cases(backend):
         if kind == "randn":
-            a, b, scale = torch.randn(B, M, K, generator=gen), torch.randn(B, K, N, generator=gen), 10
+            a, b = torch.randn(B, M, K, generator=gen), torch.randn(B, K, N, generator=gen)
+            scale = 10
         elif kind == "scale30":  # maxima on different k: the shortcut's underflow
             a = 30 * torch.randn(B, M, K, generator=gen)
             b = 30 * torch.randn(B, K, N, generator=gen)
@@ -254,7 +255,7 @@ def test_deterministic(backend):
     a = 30 * torch.randn(2, 7, 20, generator=gen)
     b = 30 * torch.randn(2, 20, 5, generator=gen)
     r1, r2 = _run(a, b, backend), _run(a, b, backend)
-    for x, y in zip(r1[:3], r2[:3]):
+    for x, y in zip(r1[:3], r2[:3], strict=True):
         assert torch.equal(x, y)
 
 

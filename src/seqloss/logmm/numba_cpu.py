@@ -38,8 +38,9 @@ The backward reuses the factorization ``w = exp(a + b - out) = ea * eb * exp(c)`
 threshold ``thr``, ``exp(c) <= 1/thr`` (no overflow), and a term lost to underflow
 or flushing in ``ea`` or ``eb`` has a true weight below ``f / thr`` (``2^-(p+4) / K``),
 so the gradient's absolute error is that fraction of ``sum_j |g[i, j]|``. ``S`` is
-saved by the forward (the shifted tier's ``exp(c) = 1/S``). The tiers are chosen again from ``out`` alone (``c`` against
-``-log thr``), so the backward does not depend on how the forward rounded.
+saved by the forward, with the factors, so the shifted tier's ``exp(c) = 1/S``
+carries no rounding of ``out`` and its entries are the forward's; the float64 and
+exact tiers take ``c`` from ``out``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ _GATHER = 1 << 21  # elements of one chunk of gathered (entries, K) rows in the 
 
 
 def _shifts(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """Row maxima of ``a`` ``(B, M, 1)`` and column maxima of ``b`` ``(B, 1, N)``, 0 where not finite."""
+    """Row maxima of ``a`` ``(B, M, 1)``, column maxima of ``b`` ``(B, 1, N)``; 0 if not finite."""
     if a.shape[2] == 0:
         return a.new_zeros(a.shape[0], a.shape[1], 1), b.new_zeros(b.shape[0], 1, b.shape[2])
     s = a.amax(dim=2, keepdim=True)
