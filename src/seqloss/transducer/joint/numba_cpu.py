@@ -76,38 +76,72 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 # never stored either: the lattice's peak is a few numbers per state).
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _lse_r(buf, dif, n):  # noqa: ANN001, ANN202
+    """``_lse`` of ``buf[:n]`` (float64) with the exps of ``buf - max`` in ``dif``'s dtype."""
+    m = NEG_INF
+    for k in range(n):
+        v = buf[k]
+        if v > m or v != v:
+            m = v
+            if v != v:
+                return v
+    if m == NEG_INF or m == math.inf:
+        return m
+    for k in range(n):
+        dif[k] = buf[k] - m
+    s = 0.0
+    for k in range(n):
+        # exp(d) < 2^-125 beside the max's 1: it cannot change the float64 sum (exact to
+        # skip), and its (subnormal) float32 value would cost a microcode assist.
+        if dif[k] >= -87.0:
+            s += math.exp(dif[k])
+    return m + math.log(s)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _flush(v, tiny):  # noqa: ANN001, ANN202
+    """``v``, or 0 when ``|v| <= tiny`` (then it rounds to 0 in the output dtype anyway)."""
+    return 0.0 if abs(v) <= tiny else v
+
+
 @njit(cache=True, nogil=True)
 def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
     """Duration log-probs of one sequence's rows: ``sd[t, u] = log_softmax(xd[t, u])``
-    (``xd`` as given if not ``fused``); guarded (a row of ``-inf`` stays ``-inf``).
+    (``xd`` as given if not ``fused``); guarded (a row of ``-inf`` stays ``-inf``). The
+    exps in ``sd``'s dtype (float32 for float32 input), the sum and the log in float64.
 
     Returns: whether a row holds NaN or ``+inf`` (the sequence's loss is then NaN).
     """
     tb, u1, D = xd.shape
     bad = False
+    row = np.empty(D, dtype=sd.dtype)
     for t in range(tb):
         for u in range(u1):
-            m = NEG_INF
+            m = sd.dtype.type(NEG_INF)
             for k in range(D):
-                v = np.float64(xd[t, u, k])
+                v = xd[t, u, k]
+                row[k] = v
                 if v != v or v == math.inf:
                     bad = True
                 if v > m:
                     m = v
             if not fused:
                 for k in range(D):
-                    sd[t, u, k] = xd[t, u, k]
+                    sd[t, u, k] = row[k]
                 continue
             if m == NEG_INF:
                 for k in range(D):
                     sd[t, u, k] = NEG_INF
                 continue
+            for k in range(D):
+                row[k] = row[k] - m  # exact-ish: both in the input's dtype, as torch's
             s = 0.0
             for k in range(D):
-                s += math.exp(np.float64(xd[t, u, k]) - m)
+                s += math.exp(row[k])
             ls = math.log(s)
             for k in range(D):
-                sd[t, u, k] = (np.float64(xd[t, u, k]) - m) - ls
+                sd[t, u, k] = np.float64(row[k]) - ls
     return bad
 
 
@@ -146,7 +180,7 @@ def _token_scores(xb, xe, m, s, fused, sigma, sb, se):  # noqa: ANN001, ANN201
 @njit(cache=True, nogil=True)
 def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, ll,  # noqa: ANN001, ANN201, PLR0913
                          compute_grad, fused, scale, clamp, gscale, rs, tg, uniq,
-                         gt, V, Wt, gd, Wd, cd, base, st, job):
+                         gt, V, Wt, gd, Wd, cd, base, st, tiny, job):
     """Sequence ``b = job``: ``ll[b]`` and, with ``compute_grad``, its gradient rows.
 
     Arc ``i`` of the blank-like arcs scores ``sb[t, u, bcol[i]] (+ sd[t, u, bdl[i]])`` and
@@ -177,6 +211,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     sbb, seb, sdb = sb[b], se[b], sd[b]
     n_arcs = Db + De
     buf = np.empty(n_arcs, dtype=np.float64)
+    # Differences to the max, rounded to the scores' dtype: their exps in float32 for
+    # float32 input (twice as fast as float64's; the sums and logs stay float64).
+    dif = np.empty(n_arcs, dtype=sb.dtype)
     kind = np.empty(n_arcs, dtype=np.int64)
     alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
     for t in range(Tb + 1):
@@ -202,7 +239,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                             v += sdb[ts, u - 1, edl[j]]
                         buf[n] = v
                         n += 1
-            alpha[t, u] = _lse(buf, n)
+            alpha[t, u] = _lse_r(buf, dif, n)
     lb = alpha[Tb, Ub]
     ll[b] = lb
     if not compute_grad or lb == NEG_INF or lb != lb:
@@ -242,12 +279,17 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     mx = buf[k]
             a = alpha[t, u]
             c = 0.0
+            sm = 0.0
             if mx == NEG_INF:
                 beta[t, u] = NEG_INF
             else:
                 sm = 0.0
                 for k in range(n):
-                    e[k] = math.exp(buf[k] - mx)
+                    dif[k] = buf[k] - mx
+                for k in range(n):
+                    # Below 2^-125 (beside the max's 1): no change to the float64 sum, and
+                    # no subnormal float32 exp (a microcode assist each).
+                    e[k] = math.exp(dif[k]) if dif[k] >= -87.0 else 0.0
                     sm += e[k]
                 beta[t, u] = mx + math.log(sm)
                 if a != NEG_INF:
@@ -259,9 +301,13 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                 oc[k] = 0.0
             for k in range(D):
                 od[k] = 0.0
-            if c > 0.0:
+            # Every value of the state's gradient row is at most its occupancy
+            # exp(alpha + beta - ll) = c sm times (1 + lambda): at or below ``tiny``
+            # (halved, against rounding) the whole row rounds to 0, as computed in full.
+            if c * sm * scale * 2.0 > tiny:
                 for k in range(n):
-                    o = e[k] * c
+                    # A skipped exp: its occupancy (< 2^-125) straight from a float64 exp.
+                    o = e[k] * c if e[k] > 0.0 else math.exp(a + buf[k] - lb)
                     q = kind[k]
                     if q < Db:
                         oc[bcol[q]] += o
@@ -275,21 +321,28 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     total += o
             r = base[b] + t * st[b] + u
             row = gt[r * Wt : r * Wt + V]  # (a view: the loops below vectorize)
+            # Values of magnitude <= ``tiny`` (half the output dtype's least subnormal)
+            # round to 0: stored as 0 directly, exactly the rounded value, without the
+            # microcode assist a subnormal result costs (rows of improbable states).
             if fused:
                 sv = np.float64(rs[b, t, u])
-                w = gt.dtype.type(total / sv if sv > 0.0 else 0.0)
-                for v in range(V):
-                    row[v] *= w
+                wv = total / sv if sv > 0.0 else 0.0
+                if wv <= tiny:  # every exp(x - m) w <= w: the row rounds to 0
+                    row[:] = 0.0
+                else:
+                    w = gt.dtype.type(wv)
+                    for v in range(V):
+                        row[v] *= w
                 for k in range(nu):
-                    row[uniq[k]] -= oc[k]
+                    row[uniq[k]] = _flush(row[uniq[k]] - oc[k], tiny)
                 if u < Ub:
-                    row[tg[b, u]] -= oe
+                    row[tg[b, u]] = _flush(row[tg[b, u]] - oe, tiny)
             else:
                 row[:] = 0.0
                 for k in range(nu):
-                    row[uniq[k]] = -oc[k]
+                    row[uniq[k]] = _flush(-oc[k], tiny)
                 if u < Ub:
-                    row[tg[b, u]] = -oe
+                    row[tg[b, u]] = _flush(-oe, tiny)
             if clamp > 0.0:
                 hi = gt.dtype.type(clamp)
                 for v in range(V):
@@ -300,10 +353,14 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     row[v] *= gsc
             d0 = r * Wd + cd
             for k in range(D):
-                g = math.exp(sdb[t, u, k]) * total - od[k] if fused else -od[k]
+                g = np.float64(math.exp(sdb[t, u, k])) * total - od[k] if fused else -od[k]
                 if clamp > 0.0:
                     g = min(max(g, -clamp), clamp)
-                gd[d0 + k] = g * gscale
+                gd[d0 + k] = _flush(g * gscale, tiny)
+
+
+# Half the least subnormal of the gradient's dtype: a magnitude at or below it rounds to 0.
+_TINY = {torch.float32: 2.0**-150, torch.float64: 2.0**-1075}
 
 
 def _is_rnnt(table: JointTable) -> bool:
@@ -435,7 +492,8 @@ def _forward_table(
               bool(fused_log_softmax), 1.0 + table.fastemit_lambda, float(table.clamp),
               float(grad_scale), row_sum.numpy(), np.ascontiguousarray(tg.numpy().astype(i64)),
               own_lines(np.asarray(uniq, dtype=i64)), gt, V, W, gd, Wd, cd,
-              own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64))),
+              own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64)),
+              _TINY[dtype]),
              range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul)])
     del sb, se, sd, row_sum
     loss = (-ll * (1.0 + table.fastemit_lambda)).to(acc)  # NaN where skipped
