@@ -13,6 +13,7 @@ PUBLIC = {
     "logmmexp",
     "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "get_rnnt_prune_ranges",
     "do_rnnt_pruning",
+    "rnnt_loss_from_joint", "multiblank_rnnt_loss_from_joint", "tdt_loss_from_joint",
 }
 
 

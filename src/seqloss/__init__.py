@@ -18,6 +18,11 @@ from .transducer import (
     tdt_loss,
     transducer_lattice,
 )
+from .transducer.from_joint import (
+    multiblank_rnnt_loss_from_joint,
+    rnnt_loss_from_joint,
+    tdt_loss_from_joint,
+)
 from .transducer.factored import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -42,12 +47,15 @@ __all__ = [
     "grad_clamp",
     "logmmexp",
     "multiblank_rnnt_loss",
+    "multiblank_rnnt_loss_from_joint",
     "rnnt_align",
     "rnnt_loss",
+    "rnnt_loss_from_joint",
     "rnnt_loss_packed",
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
     "rnnt_loss_smoothed",
     "tdt_loss",
+    "tdt_loss_from_joint",
     "transducer_lattice",
 ]

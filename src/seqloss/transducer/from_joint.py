@@ -1,0 +1,709 @@
+r"""Transducer losses straight from the joint network: the logits are never materialized.
+
+``rnnt_loss_from_joint``, ``multiblank_rnnt_loss_from_joint`` and
+``tdt_loss_from_joint`` take ``encoder_out (B, T, H_enc)``, ``predictor_out
+(B, U+1, H_pred)`` and the joint (any callable mapping
+``joint(encoder_out[b0:b1, t0:t1], predictor_out[b0:b1, u0:u1])`` to logits
+``(b1-b0, t1-t0, u1-u0, W)``), and give the loss of ``joint(encoder_out,
+predictor_out)`` with its gradients, holding at most ``chunk_elements`` logits at once.
+
+Forward: the ``(b, t, u)`` rows are cut into tiles of whole class rows (at most
+``chunk_elements`` logits each). Each tile's logits are computed without autograd,
+and only what the lattice reads is kept: the log-softmax normalizer of each row (and
+of the duration block, for TDT), the log-probabilities of the blank-like classes and
+of the next target label, the duration log-probabilities. The tile is then freed. The
+lattice (``transducer_lattice``'s kernels) turns those ``(B, T, U+1, arcs)`` scores into
+the per-sequence losses and the arc occupations. Extra memory: O(B T U (arcs + D))
+plus one tile.
+
+Backward: each tile's logits are recomputed with autograd on, under the CPU and CUDA
+RNG states saved before its forward call (``torch.utils.checkpoint``'s approach, so
+dropout inside the joint draws the same masks) and the forward's autocast state. The
+joint epilogue (``table.py``) makes the tile's logits gradient from the occupations,
+``softmax * row occupation - arc occupations on their classes``, then ``clamp``, then
+the reduction's factor and the incoming gradient; it is pushed through the joint
+into ``encoder_out``, ``predictor_out`` and the joint's parameters, one tile at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .._core import checks
+from .._core.dispatch import kernel_module, resolve_backend
+from .._core.errors import InputError, InputTypeError
+from .._core.reduce import volume_weight
+from .._core.types import IntsLike, TransducerReduction
+from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
+from .joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
+
+DEFAULT_CHUNK_ELEMENTS = 2**24
+"""The default ``chunk_elements``: 16 Mi logits, 64 MiB per float32 tile."""
+
+Tile = tuple[int, int, int, int, int, int]  # b0, b1, t0, t1, u0, u1
+
+
+# --------------------------------------------------------------------------- tiling
+def _plan_tiles(Tl: list[int], Ul: list[int], T: int, U1: int, rows: int) -> list[Tile]:
+    """Rectangular ``(b, t, u)`` tiles of at most ``rows`` rows covering every row read.
+
+    Consecutive sequences share a tile (their bounding box) while it fits; a longer
+    sequence is cut into frame blocks, and a row of ``U_b + 1`` states too wide for
+    one tile into ``u`` blocks. Sequences without frames are skipped (they read nothing).
+    """
+    tiles: list[Tile] = []
+    B = len(Tl)
+    Tb = [min(max(t, 0), T) for t in Tl]
+    Ub1 = [min(max(u, 0) + 1, U1) for u in Ul]
+    b = 0
+    while b < B:
+        if Tb[b] == 0:
+            b += 1
+            continue
+        if Tb[b] * Ub1[b] <= rows:
+            b1, mt, mu = b + 1, Tb[b], Ub1[b]
+            while b1 < B:
+                nt, nu = max(mt, Tb[b1]), max(mu, Ub1[b1])
+                if (b1 + 1 - b) * nt * nu > rows:
+                    break
+                b1, mt, mu = b1 + 1, nt, nu
+            tiles.append((b, b1, 0, mt, 0, mu))
+            b = b1
+            continue
+        if Ub1[b] <= rows:
+            step = rows // Ub1[b]
+            for t0 in range(0, Tb[b], step):
+                tiles.append((b, b + 1, t0, min(t0 + step, Tb[b]), 0, Ub1[b]))
+        else:
+            for t0 in range(Tb[b]):
+                for u0 in range(0, Ub1[b], rows):
+                    tiles.append((b, b + 1, t0, t0 + 1, u0, min(u0 + rows, Ub1[b])))
+        b += 1
+    return tiles
+
+
+# --------------------------------------------------------------------------- RNG, autocast
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Tensor, Tensor | None], device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _same_state(a: tuple[Tensor, Tensor | None], b: tuple[Tensor, Tensor | None]) -> bool:
+    return torch.equal(a[0], b[0]) and (a[1] is None or torch.equal(a[1], b[1]))
+
+
+def _autocast_state() -> list[tuple[str, torch.dtype]]:
+    out = []
+    for dev in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(dev):
+            out.append((dev, torch.get_autocast_dtype(dev)))
+    return out
+
+
+class _Autocast:
+    """Re-enter the forward's autocast state (the backward may run outside it)."""
+
+    def __init__(self, state: list[tuple[str, torch.dtype]]) -> None:
+        self.ctx = [torch.autocast(dev, dtype=dt) for dev, dt in state]
+
+    def __enter__(self) -> None:
+        for c in self.ctx:
+            c.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        for c in reversed(self.ctx):
+            c.__exit__(*exc)
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass
+class _Branch:
+    """One table of the loss (TDT's ``omega`` mixes two) and its weight."""
+
+    table: JointTable
+    weight: float
+    # filled by the forward: per-class occupations, (B, T, U+1[, k])
+    occ_blank: Tensor | None = None  # by distinct blank token
+    occ_emit: Tensor | None = None
+    occ_dur: Tensor | None = None
+    total: Tensor | None = None
+
+
+@dataclass
+class _Plan:
+    joint: object
+    branches: list[_Branch]
+    V: int
+    D: int
+    blank_tokens: tuple[int, ...]  # distinct blank-like classes over every branch
+    targets: Tensor  # (B, U+1) int64, column U and padding 0
+    il: Tensor
+    tl: Tensor
+    Tl: list[int]
+    Ul: list[int]
+    T: int
+    U1: int
+    reduction: str
+    zero_infinity: bool
+    backend: str
+    chunk_rows: int
+    is_module: bool
+    tiles: list[Tile] = field(default_factory=list)
+
+
+def _valid_mask(plan: _Plan, tile: Tile, device: torch.device) -> Tensor | None:
+    """``(nb, nt, nu)`` mask of the rows read, or ``None`` when the tile holds no padding."""
+    b0, b1, t0, t1, u0, u1 = tile
+    if all(plan.Tl[b] >= t1 and plan.Ul[b] + 1 >= u1 for b in range(b0, b1)):
+        return None
+    Tb = plan.il[b0:b1].to(device)[:, None, None]
+    Ub = plan.tl[b0:b1].to(device)[:, None, None]
+    tt = torch.arange(t0, t1, device=device)[None, :, None]
+    uu = torch.arange(u0, u1, device=device)[None, None, :]
+    return (tt < Tb) & (uu <= Ub)
+
+
+def _call_joint(joint: object, enc: Tensor, pred: Tensor, tile: Tile) -> Tensor:
+    b0, b1, t0, t1, u0, u1 = tile
+    out = joint(enc[b0:b1, t0:t1], pred[b0:b1, u0:u1])  # type: ignore[operator]
+    want = (b1 - b0, t1 - t0, u1 - u0)
+    if not isinstance(out, Tensor) or out.dim() != 4 or tuple(out.shape[:3]) != want:
+        got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise InputError(f"joint(encoder_out[b0:b1, t0:t1], predictor_out[b0:b1, u0:u1]) must "
+                         f"return logits of shape (b1-b0, t1-t0, u1-u0, classes) = {want} + "
+                         f"(classes,), got {got}")
+    return out
+
+
+def _lse(x: Tensor) -> Tensor:
+    # torch.logsumexp: a row of -inf gives -inf, NaN gives NaN, +inf gives +inf.
+    return torch.logsumexp(x, -1)
+
+
+# --------------------------------------------------------------------------- forward
+def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sequence losses ``(B,)`` (acc dtype), ``bad (B,)`` and the output dtype probe."""
+    device = enc.device
+    B, T, U1, V, D = len(plan.Tl), plan.T, plan.U1, plan.V, plan.D
+    acc = None
+    lz = lb = ly = lzd = ld = None
+    bad = torch.zeros(B, dtype=torch.bool, device=device)
+    tok_idx = torch.tensor(plan.blank_tokens, device=device)
+    prev = None
+    logit_dtype = None
+    for tile in plan.tiles:
+        b0, b1, t0, t1, u0, u1 = tile
+        st = _rng_state(device)
+        if prev is not None and _same_state(st, prev):
+            st = prev  # the joint draws no random numbers: share the state
+        states.append(st)
+        prev = st
+        logits = _call_joint(plan.joint, enc, pred, tile)
+        if logits.shape[-1] != V + D:
+            raise InputError(f"joint returned {logits.shape[-1]} classes for tile {tile}, "
+                             f"{V + D} for the first")
+        if acc is None:
+            logit_dtype = logits.dtype
+            acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+            lz = torch.zeros((B, T, U1), dtype=acc, device=device)
+            lb = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
+            ly = torch.zeros((B, T, U1), dtype=acc, device=device)
+            if D:
+                lzd = torch.zeros((B, T, U1), dtype=acc, device=device)
+                ld = torch.zeros((B, T, U1, D), dtype=acc, device=device)
+        x = logits.to(acc)
+        del logits
+        xt = x[..., :V]
+        z = _lse(xt)
+        sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
+        lz[sl] = z
+        lb[sl] = xt.index_select(-1, tok_idx) - z[..., None]
+        idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
+        ly[sl] = xt.gather(-1, idx)[..., 0] - z
+        rowbad = ~(z < float("inf"))
+        if D:
+            zd = _lse(x[..., V:])
+            lzd[sl] = zd
+            ld[sl] = x[..., V:] - zd[..., None]
+            rowbad |= ~(zd < float("inf"))
+        del x, xt
+        mask = _valid_mask(plan, tile, device)
+        if mask is not None:
+            rowbad &= mask
+        bad[b0:b1] |= rowbad.flatten(1).any(1)
+    if acc is None:  # no tile: every sequence has zero frames (or B = 0)
+        acc = torch.float64 if plan_dtype(plan) == torch.float64 else torch.float32
+        lz = torch.zeros((B, T, U1), dtype=acc, device=device)
+        lb = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
+        ly = torch.zeros((B, T, U1), dtype=acc, device=device)
+        if D:
+            lzd = torch.zeros((B, T, U1), dtype=acc, device=device)
+            ld = torch.zeros((B, T, U1, D), dtype=acc, device=device)
+    plan.lz, plan.lzd = lz, lzd  # type: ignore[attr-defined]
+
+    kern = kernel_module("lattice", plan.backend)
+    losses = []
+    for br in plan.branches:
+        tb = br.table
+        sig = tb.sigma
+
+        def with_dur(base: Tensor, dl: int | None) -> Tensor:
+            return base if dl is None else base + ld[..., dl]  # type: ignore[index]
+
+        ab = torch.stack([with_dur(lb[..., plan.blank_tokens.index(a.token)] - sig,
+                                   a.duration_logit) for a in tb.blank_arcs], -1)
+        ae = torch.stack([with_dur(ly - sig, a.duration_logit) for a in tb.emit_arcs], -1)
+        ll, ob, oe = kern.transducer_lattice(ab, ae, plan.il, plan.tl, tb.blank_durations,
+                                             tb.emit_durations, True, tb.emit_can_end)
+        del ab, ae
+        ob, oe = ob.to(acc), oe.to(acc)
+        scale = 1.0 + tb.fastemit_lambda
+        losses.append(-ll.to(acc) * scale)
+        oe = oe * scale
+        br.total = ob.sum(-1) + oe.sum(-1)
+        br.occ_emit = oe.sum(-1)
+        occ_tok = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
+        occ_dur = torch.zeros((B, T, U1, D), dtype=acc, device=device) if D else None
+        for i, a in enumerate(tb.blank_arcs):
+            occ_tok[..., plan.blank_tokens.index(a.token)] += ob[..., i]
+            if a.duration_logit is not None:
+                occ_dur[..., a.duration_logit] += ob[..., i]  # type: ignore[index]
+        for j, a in enumerate(tb.emit_arcs):
+            if a.duration_logit is not None:
+                occ_dur[..., a.duration_logit] += oe[..., j]  # type: ignore[index]
+        br.occ_blank, br.occ_dur = occ_tok, occ_dur
+        del ob, oe
+    if len(losses) == 1:
+        loss = losses[0]
+    else:
+        loss = sum(br.weight * lo for br, lo in zip(plan.branches, losses))
+    loss = torch.where(bad, float("nan"), loss)
+    return loss, bad, torch.empty(0, dtype=logit_dtype or plan_dtype(plan))
+
+
+def plan_dtype(plan: _Plan) -> torch.dtype:
+    return plan.probe_dtype  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- backward
+def _tile_grad(plan: _Plan, tile: Tile, logits: Tensor, m: Tensor, bad: Tensor,
+               bad_host: list[bool], dead: Tensor | None) -> Tensor:
+    """The joint epilogue on one tile: the gradient of the weighted loss w.r.t. its logits."""
+    b0, b1, t0, t1, u0, u1 = tile
+    device = logits.device
+    V, D = plan.V, plan.D
+    lz = plan.lz  # type: ignore[attr-defined]
+    acc = lz.dtype
+    sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
+    x = logits.detach()
+    if x.dtype != acc:
+        x = x.to(acc)
+    # exp(x - log Z): a row of -inf logits (log Z = -inf) has no arc and gets 0.
+    z = lz[sl].masked_fill(lz[sl] == float("-inf"), float("inf"))
+    p = torch.empty(x.shape, dtype=acc, device=device)
+    torch.sub(x[..., :V], z[..., None], out=p[..., :V])
+    if D:
+        lzd = plan.lzd  # type: ignore[attr-defined]
+        zd = lzd[sl].masked_fill(lzd[sl] == float("-inf"), float("inf"))
+        torch.sub(x[..., V:], zd[..., None], out=p[..., V:])
+    del x
+    p.exp_()
+    mb = m[b0:b1]
+    if dead is not None:
+        mb = torch.where(dead[b0:b1], 0.0, mb)
+    mb = mb[:, None, None]
+    idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
+    tok_idx = list(plan.blank_tokens)
+    clamp_any = any(br.table.clamp > 0 for br in plan.branches)
+    single = (len(plan.branches) == 1 and not clamp_any
+              and plan.branches[0].table.num_durations == D)
+
+    def epilogue(g: Tensor, br: _Branch, f: Tensor, dur: bool = True) -> Tensor:
+        # g holds the softmax; f the per-sequence factor (nb, 1, 1) folded in, or 1
+        g.mul_((br.total[sl] * f)[..., None])  # type: ignore[index]
+        ot = br.occ_blank[sl] * f[..., None]  # type: ignore[index]
+        for k, c in enumerate(tok_idx):
+            g[..., c] -= ot[..., k]
+        g[..., :V].scatter_add_(-1, idx, -(br.occ_emit[sl] * f)[..., None])  # type: ignore[index]
+        if D and dur:
+            g[..., V:] -= br.occ_dur[sl] * f[..., None]  # type: ignore[index]
+        return g
+
+    if single:
+        g = epilogue(p, plan.branches[0], mb * plan.branches[0].weight)
+    else:
+        g = None
+        one = torch.ones_like(mb)
+        for k, br in enumerate(plan.branches):
+            gk = p.clone() if k < len(plan.branches) - 1 else p
+            if br.table.num_durations == 0 and D:  # TDT's RNN-T branch: token block only
+                gk[..., V:] = 0.0
+                gk[..., :V] = epilogue(gk[..., :V].contiguous(), br, one, dur=False)
+            else:
+                gk = epilogue(gk, br, one)
+            if br.table.clamp > 0:
+                gk.clamp_(-br.table.clamp, br.table.clamp)
+            gk.mul_((mb * br.weight)[..., None])
+            g = gk if g is None else g.add_(gk)
+    mask = _valid_mask(plan, tile, device)
+    if mask is not None:
+        g = torch.where(mask[..., None], g, 0.0)
+    if any(bad_host[b0:b1]):
+        badm = bad[b0:b1, None, None] if mask is None else bad[b0:b1, None, None] & mask
+        g = torch.where(badm[..., None], float("nan"), g)
+    return g
+
+
+class _FromJoint(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan, encoder_out, predictor_out, *params):  # noqa: ANN001, ANN205
+        states: list = []
+        ctx.autocast = _autocast_state()
+        loss, bad, probe = _forward(plan, encoder_out, predictor_out, states)
+        # A sequence infeasible in one branch of a mixture is infeasible: zero gradient.
+        ctx.dead = (loss == float("inf")) if len(plan.branches) > 1 else None
+        if plan.zero_infinity:
+            loss = loss.masked_fill(loss == float("inf"), 0.0)
+        B = loss.shape[0]
+        if plan.reduction == "mean":
+            w = loss.new_full((B,), 1.0 / max(B, 1))
+        elif plan.reduction == "mean_volume":
+            w = volume_weight(plan.tl.to(loss.device), loss.dtype).expand(B)
+        else:
+            w = loss.new_ones((B,))
+        out = loss if plan.reduction == "none" else (loss * w).sum()
+        dtype = probe.dtype if probe.dtype in (torch.float32, torch.float64) else torch.float32
+        ctx.plan, ctx.states, ctx.bad, ctx.w = plan, states, bad, w
+        ctx.bad_host = [bool(v) for v in bad.tolist()]
+        ctx.logit_dtype = probe.dtype
+        ctx.n_params = len(params)
+        ctx.save_for_backward(encoder_out, predictor_out, *params)
+        return out.to(dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+        plan: _Plan = ctx.plan
+        enc, pred, *params = ctx.saved_tensors
+        device = enc.device
+        acc = plan.lz.dtype  # type: ignore[attr-defined]
+        B = len(plan.Tl)
+        m = grad_loss.to(acc).expand(B) * ctx.w.to(acc)
+        need_e, need_p = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        want = [i for i, p in enumerate(params) if ctx.needs_input_grad[3 + i]]
+        ge = torch.zeros_like(enc) if need_e else None
+        gp = torch.zeros_like(pred) if need_p else None
+        gparams: list[Tensor | None] = [None] * len(params)
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            for tile, st in zip(plan.tiles, ctx.states):
+                b0, b1, t0, t1, u0, u1 = tile
+                e_t = enc[b0:b1, t0:t1].detach().requires_grad_(need_e)
+                p_u = pred[b0:b1, u0:u1].detach().requires_grad_(need_p)
+                _set_rng_state(st, device)
+                with _Autocast(ctx.autocast):
+                    logits = _call_joint(plan.joint, e_t, p_u, (0, b1 - b0, 0, t1 - t0, 0, u1 - u0))
+                with torch.no_grad():
+                    g = _tile_grad(plan, tile, logits, m, ctx.bad, ctx.bad_host, ctx.dead).to(logits.dtype)
+                if not logits.requires_grad:
+                    continue
+                if plan.is_module:
+                    inputs = ([e_t] if need_e else []) + ([p_u] if need_p else []) + \
+                        [params[i] for i in want]
+                    if not inputs:
+                        continue
+                    grads = torch.autograd.grad(logits, inputs, g, allow_unused=True)
+                    k = 0
+                    if need_e:
+                        if grads[0] is not None:
+                            ge[b0:b1, t0:t1] += grads[0]  # type: ignore[index]
+                        k += 1
+                    if need_p:
+                        if grads[k] is not None:
+                            gp[b0:b1, u0:u1] += grads[k]  # type: ignore[index]
+                        k += 1
+                    for i, gi in zip(want, grads[k:]):
+                        if gi is not None:
+                            gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
+                else:
+                    # Any callable: whatever it closes over gets .grad as in
+                    # torch.utils.checkpoint's reentrant mode.
+                    torch.autograd.backward(logits, g)
+                    if need_e and e_t.grad is not None:
+                        ge[b0:b1, t0:t1] += e_t.grad  # type: ignore[index]
+                    if need_p and p_u.grad is not None:
+                        gp[b0:b1, u0:u1] += p_u.grad  # type: ignore[index]
+                del logits, g
+        return (None, ge, gp, *gparams)
+
+
+# --------------------------------------------------------------------------- entry
+def _setup(encoder_out: object, predictor_out: object, joint: object,
+           chunk_elements: object) -> tuple[Tensor, int, bool, list[Tensor]]:
+    """Checks of the two streams and the joint; the probe ``(1, 1, 1, W)`` logits."""
+    checks.check_float_tensor(encoder_out, "encoder_out")
+    checks.check_float_tensor(predictor_out, "predictor_out")
+    checks.check_ndim(encoder_out, "encoder_out", (3,), "(B, T, H_enc)")
+    checks.check_ndim(predictor_out, "predictor_out", (3,), "(B, U+1, H_pred)")
+    if predictor_out.shape[0] != encoder_out.shape[0]:
+        raise InputError(f"predictor_out has batch size {predictor_out.shape[0]}, encoder_out "
+                         f"{encoder_out.shape[0]}: expected the same B")
+    if predictor_out.device != encoder_out.device:
+        raise InputError(f"predictor_out is on {predictor_out.device}, encoder_out on "
+                         f"{encoder_out.device}")
+    if not callable(joint):
+        raise InputTypeError(f"joint must be callable (an nn.Module), got {type(joint).__name__}")
+    if chunk_elements is None:
+        chunk = DEFAULT_CHUNK_ELEMENTS
+    else:
+        if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
+            raise InputTypeError(f"chunk_elements must be an int or None, got "
+                                 f"{type(chunk_elements).__name__}")
+        if chunk_elements < 1:
+            raise InputError(f"chunk_elements = {chunk_elements} is invalid: expected >= 1")
+        chunk = int(chunk_elements)
+    B, T, _ = encoder_out.shape
+    U1 = predictor_out.shape[1]
+    if U1 == 0:
+        raise InputError("predictor_out must have U+1 >= 1 rows (the start state)")
+    # The probe: one row (or the empty joint), under the caller's RNG left untouched.
+    devices = [encoder_out.device] if encoder_out.device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        tile = (0, 1, 0, 1, 0, 1) if B and T else (0, B, 0, T, 0, U1)
+        probe = _call_joint(joint, encoder_out, predictor_out, tile)
+    checks.check_float_tensor(probe, "joint's output")
+    is_module = isinstance(joint, torch.nn.Module)
+    params = list(joint.parameters()) if is_module else []  # type: ignore[union-attr]
+    return probe, chunk, is_module, params
+
+
+def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tensor, chunk: int,
+         is_module: bool, params: list[Tensor], fake: Tensor, tg: Tensor, il: Tensor,
+         tl: Tensor, branches: list[_Branch], V: int, D: int, reduction: str,
+         zero_infinity: bool, backend: str, validate: bool) -> Tensor:
+    blank_tokens = tuple(dict.fromkeys(t for br in branches for t in br.table.blank_tokens))
+    padded = transducer_values(fake, tg, il, tl, blank_tokens, validate=validate, num_tokens=V)
+    B, T, U1 = fake.shape[:3]
+    device = encoder_out.device
+    tg1 = torch.zeros((B, U1), dtype=torch.int64, device=device)
+    w = min(padded.shape[1], U1 - 1)
+    if w > 0:
+        tg1[:, :w] = padded[:, :w].to(device)
+    Tl = [int(v) for v in il.tolist()]
+    Ul = [int(v) for v in tl.tolist()]
+    plan = _Plan(joint=joint, branches=branches, V=V, D=D, blank_tokens=blank_tokens,
+                 targets=tg1, il=il.to(device), tl=tl.to(device), Tl=Tl, Ul=Ul, T=T, U1=U1,
+                 reduction=reduction, zero_infinity=bool(zero_infinity), backend=backend,
+                 chunk_rows=max(1, chunk // max(V + D, 1)), is_module=is_module)
+    plan.probe_dtype = probe.dtype  # type: ignore[attr-defined]
+    plan.tiles = _plan_tiles(Tl, Ul, T, U1, plan.chunk_rows)
+    return _FromJoint.apply(plan, encoder_out, predictor_out, *params)
+
+
+def _fake_logits(probe: Tensor, B: int, T: int, U1: int) -> Tensor:
+    """A stride-0 stand-in of the joint's full logits: shape and dtype for the checks."""
+    return probe.new_empty((1, 1, 1, 1)).expand(B, T, U1, probe.shape[-1])
+
+
+def _common(reduction: object, clamp: object) -> float:
+    checks.check_reduction(reduction, transducer=True)
+    return checks.check_float_arg(clamp, "clamp")
+
+
+def rnnt_loss_from_joint(
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    joint: object,
+    targets: Tensor,
+    logit_lengths: IntsLike,
+    target_lengths: IntsLike,
+    blank: int = -1,
+    clamp: float = -1,
+    reduction: TransducerReduction = "mean",
+    *,
+    fastemit_lambda: float = 0.0,
+    zero_infinity: bool = False,
+    chunk_elements: int | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
+    B, T = encoder_out.shape[:2]
+    U1 = predictor_out.shape[1]
+    fake = _fake_logits(probe, B, T, U1)
+    tg, il, tl, blank = transducer_inputs(fake, targets, logit_lengths, target_lengths, blank,
+                                          packed=False)
+    clamp = _common(reduction, clamp)
+    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    name = resolve_backend(backend, encoder_out.device)
+    V = probe.shape[-1]
+    table = rnnt_table(V, blank, clamp, fastemit_lambda)
+    return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
+                tl, [_Branch(table, 1.0)], V, 0, reduction, zero_infinity, name, validate)
+
+
+def multiblank_rnnt_loss_from_joint(
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    joint: object,
+    targets: Tensor,
+    logit_lengths: IntsLike,
+    target_lengths: IntsLike,
+    big_blank_durations: list[int] | tuple[int, ...],
+    blank: int = -1,
+    sigma: float = 0.0,
+    clamp: float = -1,
+    reduction: TransducerReduction = "mean",
+    fastemit_lambda: float = 0.0,
+    *,
+    zero_infinity: bool = False,
+    chunk_elements: int | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
+    B, T = encoder_out.shape[:2]
+    U1 = predictor_out.shape[1]
+    fake = _fake_logits(probe, B, T, U1)
+    tg, il, tl, blank = transducer_inputs(fake, targets, logit_lengths, target_lengths, blank,
+                                          packed=False)
+    durs = check_durations(big_blank_durations, "big_blank_durations")
+    for i, d in enumerate(durs):
+        if d <= 1:
+            raise InputError(f"big_blank_durations[{i}] = {d} is invalid: a big blank advances "
+                             f"more than one frame (duration > 1; the standard blank is the 1)")
+    if len(durs) > blank:
+        raise InputError(
+            f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
+            f"blank - 1 - i, so at most blank = {blank} of them (joint output size "
+            f"{probe.shape[-1]})")
+    clamp = _common(reduction, clamp)
+    sigma = checks.check_float_arg(sigma, "sigma")
+    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    name = resolve_backend(backend, encoder_out.device)
+    V = probe.shape[-1]
+    table = multiblank_table(V, blank, durs, sigma, clamp, fastemit_lambda)
+    return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
+                tl, [_Branch(table, 1.0)], V, 0, reduction, zero_infinity, name, validate)
+
+
+def tdt_loss_from_joint(
+    encoder_out: Tensor,
+    predictor_out: Tensor,
+    joint: object,
+    targets: Tensor,
+    logit_lengths: IntsLike,
+    target_lengths: IntsLike,
+    durations: list[int] | tuple[int, ...],
+    blank: int = -1,
+    sigma: float = 0.0,
+    omega: float = 0.0,
+    clamp: float = -1,
+    reduction: TransducerReduction = "mean",
+    *,
+    zero_infinity: bool = False,
+    chunk_elements: int | None = None,
+    backend: str = "auto",
+    validate: bool = True,
+) -> Tensor:
+    from .tdt import _check_tdt_durations
+
+    durs = _check_tdt_durations(durations)
+    probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
+    D = len(durs)
+    W = probe.shape[-1]
+    if W <= D:
+        raise InputError(f"the joint's output size {W} must be V + D: V >= 1 token logits then "
+                         f"D = len(durations) = {D} duration logits")
+    V = W - D
+    blank = resolve_token_blank(blank, V)
+    B, T = encoder_out.shape[:2]
+    U1 = predictor_out.shape[1]
+    fake = _fake_logits(probe, B, T, U1)
+    tg, il, tl, _ = transducer_inputs(fake[..., :V], targets, logit_lengths, target_lengths,
+                                      blank, packed=False)
+    clamp = _common(reduction, clamp)
+    sigma = checks.check_float_arg(sigma, "sigma")
+    omega = checks.check_float_arg(omega, "omega", low=0.0)
+    if omega > 1.0:
+        raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
+                         f"the RNN-T loss in the mixture)")
+    name = resolve_backend(backend, encoder_out.device)
+    branches = []
+    if omega < 1.0:
+        branches.append(_Branch(tdt_table(V, blank, durs, sigma, clamp), 1.0 - omega))
+    if omega > 0.0:
+        branches.append(_Branch(rnnt_table(V, blank, clamp), omega))
+    return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
+                tl, branches, V, D, reduction, zero_infinity, name, validate)
+
+
+_DOC = r"""
+
+    Args:
+        encoder_out: ``(B, T, H_enc)`` float tensor; frames past ``logit_lengths`` are padding.
+        predictor_out: ``(B, U+1, H_pred)``; rows past ``target_lengths + 1`` are padding.
+        joint: a callable, usually an ``nn.Module``, mapping
+            ``joint(encoder_out[b0:b1, t0:t1], predictor_out[b0:b1, u0:u1])`` to
+            logits ``(b1-b0, t1-t0, u1-u0, classes)``. It is called once per tile in
+            the forward pass (without autograd) and again in the backward (with
+            autograd), plus once on a single row to learn the class count. When it is
+            an ``nn.Module``, its ``parameters()`` are inputs of the autograd node: their
+            gradients come back through autograd as for any layer (DDP's hooks see
+            them). Any other callable gets the gradients of what it closes over
+            accumulated into ``.grad`` by an inner ``torch.autograd.backward`` (as
+            ``torch.utils.checkpoint``'s reentrant mode does).
+        chunk_elements: the most logits materialized at once (tiles hold whole class
+            rows, so at least one row). ``None``: ``DEFAULT_CHUNK_ELEMENTS = 2**24``
+            (64 MiB of float32 logits). A tile costs about four times its logits in
+            the backward pass (the logits, their float32 softmax/gradient, the
+            joint's own temporaries), so choose it from the memory to spare:
+            ``chunk_elements ~ spare_bytes / 16``; below ~2**20 the per-tile overhead
+            (a joint call each) starts to show.
+        backend: the lattice's backend (``"auto"``, ``"reference"``, ``"numba"``,
+            ``"triton"``); the tile math is plain PyTorch on the inputs' device.
+        validate: check lengths and ids. The tiling reads the lengths on the host
+            either way (one sync on CUDA).
+
+    The other arguments, the value, the gradients and the errors are those of the
+    full-joint loss on ``joint(encoder_out, predictor_out)`` (to float rounding).
+    Works with the joint in float32, float64, or float16/bfloat16 under autocast
+    (the forward's autocast state is re-entered for the recomputation; the
+    normalizers, the lattice and the gradient are float32). Memory beyond the
+    inputs' own gradients: O(B T (U+1) (arcs + D)) small tensors and one tile,
+    never O(B T U V). ``retain_graph=True`` allows a second backward. Eager only:
+    not supported under ``torch.compile`` (the joint is called from inside an
+    ``autograd.Function``), and double backward raises.
+"""
+
+rnnt_loss_from_joint.__doc__ = r"""RNN-T loss of ``joint(encoder_out, predictor_out)``, the logits never materialized.
+
+    Equals :func:`seqloss.rnnt_loss` on the materialized joint (``blank``, ``clamp``,
+    ``reduction`` including ``"mean_volume"``, ``fastemit_lambda``, ``zero_infinity``
+    as there) with the gradients w.r.t. ``encoder_out``, ``predictor_out`` and the
+    joint's parameters.""" + _DOC
+
+multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss of ``joint(encoder_out, predictor_out)``, never materialized.
+
+    Equals :func:`seqloss.multiblank_rnnt_loss` on the materialized joint
+    (``big_blank_durations``, ``blank``, ``sigma``, ``clamp``, ``reduction``,
+    ``fastemit_lambda``, ``zero_infinity`` as there).""" + _DOC
+
+tdt_loss_from_joint.__doc__ = r"""TDT loss of ``joint(encoder_out, predictor_out)``, never materialized.
+
+    The joint returns ``(b, t, u, V + D)`` logits: ``V`` tokens then ``D =
+    len(durations)`` duration logits. Equals :func:`seqloss.tdt_loss` on the
+    materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
+    ``reduction``, ``zero_infinity`` as there).""" + _DOC
+
+__all__ = ["DEFAULT_CHUNK_ELEMENTS", "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint",
+           "tdt_loss_from_joint"]
