@@ -244,10 +244,20 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     ll[b] = lb
     if not compute_grad or lb == NEG_INF or lb != lb:
         return
-    beta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
+    # beta on a ring of R >= max duration + 1 frames (a power of 2): a state reads
+    # beta of frames t..t + max duration only.
+    R = 1
+    for i in range(Db):
+        while R <= bd[i]:
+            R *= 2
+    for j in range(De):
+        while R <= ed[j]:
+            R *= 2
+    msk = R - 1
+    beta = np.empty((R, Ub + 1), dtype=np.float64)
     for u in range(Ub + 1):
-        beta[Tb, u] = NEG_INF
-    beta[Tb, Ub] = 0.0
+        beta[Tb & msk, u] = NEG_INF
+    beta[Tb & msk, Ub] = 0.0
     e = np.empty(n_arcs, dtype=np.float64)
     oc = np.empty(nu, dtype=np.float64)
     od = np.empty(max(D, 1), dtype=np.float64)
@@ -260,7 +270,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     v = sbb[t, u, bcol[i]]
                     if bdl[i] >= 0:
                         v += sdb[t, u, bdl[i]]
-                    buf[n] = v + beta[td, u]
+                    buf[n] = v + beta[td & msk, u]
                     kind[n] = i
                     n += 1
             if u < Ub:
@@ -270,7 +280,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                         v = seb[t, u]
                         if edl[j] >= 0:
                             v += sdb[t, u, edl[j]]
-                        buf[n] = v + beta[td, u + 1]
+                        buf[n] = v + beta[td & msk, u + 1]
                         kind[n] = Db + j
                         n += 1
             mx = NEG_INF
@@ -281,7 +291,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             c = 0.0
             sm = 0.0
             if mx == NEG_INF:
-                beta[t, u] = NEG_INF
+                beta[t & msk, u] = NEG_INF
             else:
                 sm = 0.0
                 for k in range(n):
@@ -291,7 +301,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     # no subnormal float32 exp (a microcode assist each).
                     e[k] = math.exp(dif[k]) if dif[k] >= -87.0 else 0.0
                     sm += e[k]
-                beta[t, u] = mx + math.log(sm)
+                beta[t & msk, u] = mx + math.log(sm)
                 if a != NEG_INF:
                     c = math.exp(a + mx - lb)
             # ---- the state's occupations -> its gradient row
