@@ -109,7 +109,8 @@ def main() -> None:
     p.add_argument("--H", type=int, default=256)
     p.add_argument("--V", type=int, default=1024)
     p.add_argument("--variant", choices=["rnnt", "tdt", "multiblank"], default="rnnt")
-    p.add_argument("--chunk", type=int, default=None, help="chunk_elements (default: the library's)")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="chunk_elements (default: the library's)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--impls", default="materialized,from_joint")

@@ -77,7 +77,7 @@ def _compare(kind, kw, chunk, seed=0, reduction="mean", **case):
     fin = torch.isfinite(ref)
     gr = _grads((torch.where(fin, ref, 0.0) * w).sum(), joint, enc, pred)
     gg = _grads((torch.where(fin, got, 0.0) * w).sum(), joint, enc, pred)
-    for a, b in zip(gg, gr):
+    for a, b in zip(gg, gr, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     return got
 
@@ -117,7 +117,7 @@ def test_rnnt_padding_beyond_longest_and_wide_targets():
     assert torch.isfinite(ge).all() and (ge[1, 3:] == 0).all() and (gp[1, 2:] == 0).all()
     torch.testing.assert_close(ge, re, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(gp, rp, rtol=1e-9, atol=1e-9)
-    for a, b in zip(gw, rw):
+    for a, b in zip(gw, rw, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
@@ -136,7 +136,7 @@ def test_zero_frames(zero_infinity, chunk):
     if zero_infinity:
         gs = _grads(got.sum(), joint, enc, pred)
         gr = _grads(ref.sum(), joint, enc, pred)
-        for a, b in zip(gs, gr):
+        for a, b in zip(gs, gr, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
@@ -186,7 +186,7 @@ def test_plain_callable_joint_and_retain_graph():
     ref = seqloss.rnnt_loss(joint(enc, pred), tg, Tl, tl)
     ref.backward()
     g2 = [enc.grad, pred.grad, *[p.grad for p in joint.parameters()]]
-    for a, b in zip(g1, g2):
+    for a, b in zip(g1, g2, strict=True):
         torch.testing.assert_close(a, 2 * b, rtol=1e-9, atol=1e-9)
 
 
@@ -232,18 +232,18 @@ def test_dropout_gradient_is_the_derivative_of_the_loss(chunk):
                                                 chunk_elements=chunk)
         with torch.no_grad():
             saved = [p.detach().clone() for p in params]
-            for p, d in zip(params, dirs):
+            for p, d in zip(params, dirs, strict=True):
                 p.add_(eps * d)
             torch.manual_seed(SEED)
             out = seqloss.rnnt_loss_from_joint(enc, pred, joint, tg, Tl, tl,
                                                chunk_elements=chunk)
-            for p, s in zip(params, saved):
+            for p, s in zip(params, saved, strict=True):
                 p.copy_(s)
         return out
 
     loss = f(0.0)
     grads = torch.autograd.grad(loss, params)
-    analytic = sum((g * d).sum() for g, d in zip(grads, dirs))
+    analytic = sum((g * d).sum() for g, d in zip(grads, dirs, strict=True))
     h = 1e-6
     with torch.no_grad():
         numeric = (f(h) - f(-h)) / (2 * h)
@@ -264,7 +264,7 @@ def test_bfloat16_autocast_close_to_float32():
     ref = seqloss.rnnt_loss_from_joint(enc, pred, joint, tg, Tl, tl, chunk_elements=64)
     gf = _grads(ref, joint, enc, pred)
     torch.testing.assert_close(got, ref, rtol=3e-2, atol=3e-2)
-    for a, b in zip(gb, gf):
+    for a, b in zip(gb, gf, strict=True):
         assert a.dtype == b.dtype and torch.isfinite(a).all()
         assert (a - b).norm() <= 0.1 * b.norm() + 1e-3
 

@@ -292,7 +292,7 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
     if len(losses) == 1:
         loss = losses[0]
     else:
-        loss = sum(br.weight * lo for br, lo in zip(plan.branches, losses))
+        loss = sum(br.weight * lo for br, lo in zip(plan.branches, losses, strict=True))
     loss = torch.where(bad, float("nan"), loss)
     return loss, bad, torch.empty(0, dtype=logit_dtype or plan_dtype(plan))
 
@@ -412,7 +412,7 @@ class _FromJoint(torch.autograd.Function):
         gparams: list[Tensor | None] = [None] * len(params)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
-            for tile, st in zip(plan.tiles, ctx.states):
+            for tile, st in zip(plan.tiles, ctx.states, strict=True):
                 b0, b1, t0, t1, u0, u1 = tile
                 e_t = enc[b0:b1, t0:t1].detach().requires_grad_(need_e)
                 p_u = pred[b0:b1, u0:u1].detach().requires_grad_(need_p)
@@ -420,7 +420,8 @@ class _FromJoint(torch.autograd.Function):
                 with _Autocast(ctx.autocast):
                     logits = _call_joint(plan.joint, e_t, p_u, (0, b1 - b0, 0, t1 - t0, 0, u1 - u0))
                 with torch.no_grad():
-                    g = _tile_grad(plan, tile, logits, m, ctx.bad, ctx.bad_host, ctx.dead).to(logits.dtype)
+                    g = _tile_grad(plan, tile, logits, m, ctx.bad, ctx.bad_host, ctx.dead)
+                    g = g.to(logits.dtype)
                 if not logits.requires_grad:
                     continue
                 if plan.is_module:
@@ -438,7 +439,7 @@ class _FromJoint(torch.autograd.Function):
                         if grads[k] is not None:
                             gp[b0:b1, u0:u1] += grads[k]  # type: ignore[index]
                         k += 1
-                    for i, gi in zip(want, grads[k:]):
+                    for i, gi in zip(want, grads[k:], strict=True):
                         if gi is not None:
                             gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
                 else:
@@ -695,25 +696,25 @@ _DOC = r"""
     ``autograd.Function``), and double backward raises.
 """
 
-rnnt_loss_from_joint.__doc__ = r"""RNN-T loss of ``joint(encoder_out, predictor_out)``, the logits never materialized.
+rnnt_loss_from_joint.__doc__ = r"""RNN-T loss from the joint network, never materialized.
 
     Equals :func:`seqloss.rnnt_loss` on the materialized joint (``blank``, ``clamp``,
     ``reduction`` including ``"mean_volume"``, ``fastemit_lambda``, ``zero_infinity``
     as there) with the gradients w.r.t. ``encoder_out``, ``predictor_out`` and the
     joint's parameters.""" + _DOC
 
-multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss of ``joint(encoder_out, predictor_out)``, never materialized.
+multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss from the joint network.
 
     Equals :func:`seqloss.multiblank_rnnt_loss` on the materialized joint
     (``big_blank_durations``, ``blank``, ``sigma``, ``clamp``, ``reduction``,
     ``fastemit_lambda``, ``zero_infinity`` as there).""" + _DOC
 
-tdt_loss_from_joint.__doc__ = r"""TDT loss of ``joint(encoder_out, predictor_out)``, never materialized.
+tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materialized.
 
     The joint returns ``(b, t, u, V + D)`` logits: ``V`` tokens then ``D =
     len(durations)`` duration logits. Equals :func:`seqloss.tdt_loss` on the
     materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
     ``reduction``, ``zero_infinity`` as there).""" + _DOC
 
-__all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA", "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint",
-           "tdt_loss_from_joint"]
+__all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA",
+           "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint", "tdt_loss_from_joint"]
