@@ -361,6 +361,10 @@ def _tile_grad(plan: _Plan, tile: Tile, logits: Tensor, m: Tensor, bad: Tensor,
                 gk.clamp_(-br.table.clamp, br.table.clamp)
             gk.mul_((mb * br.weight)[..., None])
             g = gk if g is None else g.add_(gk)
+    # Flush subnormals (|g| < the smallest normal: exp of very negative logits times an
+    # occupation): a matmul reading them runs many times slower on x86 (measured: up to
+    # 15% of a tile's entries, 3x the backward's time); NaN stays NaN.
+    g = torch.nn.functional.hardshrink(g, torch.finfo(acc).tiny)
     mask = _valid_mask(plan, tile, device)
     if mask is not None:
         g = torch.where(mask[..., None], g, 0.0)
