@@ -1051,12 +1051,14 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss, status,
-             mode, seg, b):
+             mode, seg, red, b):
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
     Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST / EXTENDED / FALLBACK /
-    INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``.
+    INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``, scaled by
+    the reduction's weight while they are in cache (``red == RED_MEAN``: torch's
+    ``1 / (B max(L_b, 1))``; otherwise unscaled).
     Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
     """
     T = x.shape[0] if tb_layout else x.shape[1]
@@ -1094,12 +1096,41 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
     if st == FALLBACK:
         loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg)
     status[b] = st
+    if compute_grad and red == RED_MEAN:
+        w = 1.0 / (max(Lb, 1) * il.shape[0])
+        for t in range(Tb):
+            for c in range(C):
+                if tb_layout:
+                    grad[t, b, c] *= w
+                else:
+                    grad[b, t, c] *= w
 
 
 # --------------------------------------------------------------------------- entry point
+RED_NONE, RED_SUM, RED_MEAN = 0, 1, 2
+
+
+@njit(cache=True, error_model="numpy")
+def _finish(loss, tl, red, zero_infinity, out):
+    """``zero_infinity`` (in place) and the reduction, as ``seqloss._core.reduce.finish``:
+    the sum or torch's mean ``sum_b loss_b / (B max(L_b, 1))`` of the ``(B,)`` losses
+    into the 0-D ``out`` (accumulated in float64, one rounding)."""
+    B = loss.shape[0]
+    if zero_infinity:
+        for b in range(B):
+            if loss[b] == INF:
+                loss[b] = 0.0  # its gradient is already 0; NaN stays NaN
+    if red != RED_NONE:
+        acc = 0.0
+        for b in range(B):
+            v = np.float64(loss[b])
+            acc += v / (max(tl[b], 1) * B) if red == RED_MEAN else v
+        out[()] = acc
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
 def _ctc_chunk(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
-               status, mode, seg, order, chunk, job):
+               status, mode, seg, red, order, chunk, job):
     """Sequences ``order[job * chunk : (job + 1) * chunk]`` (``order`` empty: the
     identity), one ``_ctc_seq`` each.
 
@@ -1110,7 +1141,7 @@ def _ctc_chunk(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, 
     B = il.shape[0]
     for k in range(job * chunk, min(B, (job + 1) * chunk)):
         _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
-                 status, mode, seg, order[k] if order.shape[0] else k)
+                 status, mode, seg, red, order[k] if order.shape[0] else k)
 
 
 def _run_batch(args: tuple, B: int) -> None:
@@ -1153,9 +1184,9 @@ def _host_i64(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-# The op asks the backend whether its kernel checks the lengths and ids and applies the
-# NaN policy itself (one Numba pass; the Python checks and ``poison_nonfinite`` cost
-# ~35 us a call, most of a small batch's budget).
+# The op asks the backend whether its kernel checks the lengths and ids, applies the
+# NaN policy and reduces itself (one Numba pass; the Python checks, ``poison_nonfinite``
+# and ``finish`` cost ~70 us a call, most of a small batch's budget).
 CHECKS_VALUES = True
 
 
@@ -1169,6 +1200,8 @@ def ctc_loss_forward(
     compute_grad: bool,
     *,
     validate: bool = False,
+    reduction: str = "none",
+    zero_infinity: bool = False,
     _status: list | None = None,
     _path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1176,8 +1209,11 @@ def ctc_loss_forward(
 
     Unlike the other backends it also takes concatenated 1-D targets, checks the
     values itself when ``validate`` (raising the same errors as ``ctc_values``,
-    before anything is computed), and applies the NaN policy in the kernel (a
-    sequence with NaN or ``+inf`` in a read frame: NaN loss and gradient rows).
+    before anything is computed), applies the NaN policy in the kernel (a
+    sequence with NaN or ``+inf`` in a read frame: NaN loss and gradient rows), and
+    applies ``zero_infinity`` and the ``reduction`` as ``seqloss._core.reduce.finish``
+    does (the mean's weights scale each sequence's gradient rows in the kernel): on a
+    small batch the ~8 torch ops of ``finish`` cost as much as the recursion.
 
     Testing hooks: ``_status``, a list that receives the per-sequence path taken
     (``"fast"``, ``"extended"``, ``"logspace"``, ``"infeasible"`` or ``"nonfinite"``);
@@ -1214,14 +1250,19 @@ def ctc_loss_forward(
     # float32 losses are stored straight from the float64 accumulators (one rounding)
     loss = np.empty(B, dtype=np.float64 if work == torch.float64 else np.float32)
     status = np.empty(B, dtype=np.int64)
+    red = _REDUCTIONS[reduction]
     if B > 0:
         mode = _MODES[_path]
         _run_batch((xv.numpy(), tb_layout, tg, toff, il, tl, int(blank), bool(fused_log_softmax),
-                    bool(compute_grad), gview, loss, status, mode, int(_SEGMENT_OVERRIDE)), B)
+                    bool(compute_grad), gview, loss, status, mode, int(_SEGMENT_OVERRIDE), red), B)
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",
                  POISONED: "nonfinite"}
         _status.extend(names[int(s)] for s in status)
+    if zero_infinity or red != RED_NONE:
+        out = np.empty((), loss.dtype)
+        _finish(loss, tl, red, bool(zero_infinity), out)
+        loss = loss if red == RED_NONE else out
     loss_t = torch.from_numpy(loss)
     if grad is None:
         return loss_t, log_probs.new_empty(0)
@@ -1231,6 +1272,7 @@ def ctc_loss_forward(
 
 
 _MODES = {"auto": 0, "extended": 1, "logspace": 2}
+_REDUCTIONS = {"none": RED_NONE, "sum": RED_SUM, "mean": RED_MEAN}
 _NO_OFFSETS = np.zeros(0, np.int64)
 _ORDER_NONE = np.zeros(0, np.int64)
 _NO_GRAD32 = np.empty((0, 0, 0), np.float32)

@@ -40,23 +40,19 @@ def ctc_loss_impl(
     T, B, C = log_probs.shape
     kern = kernel_module("ctc", backend)
     if getattr(kern, "CHECKS_VALUES", False):
-        # One kernel call checks the values, computes, and applies the NaN policy.
+        # One kernel call checks the values, computes, applies the NaN policy, and
+        # reduces (torch ops on a small batch cost as much as the recursion).
         loss, grad = kern.ctc_loss_forward(
             log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
-            compute_grad, validate=validate,
+            compute_grad, validate=validate, reduction=reduction, zero_infinity=zero_infinity,
         )
-        grad = conform_layout(grad, log_probs)
-    else:
-        padded = ctc_values(
-            targets, input_lengths, target_lengths, T, C, blank, validate=validate
-        )
-        loss, grad = kern.ctc_loss_forward(
-            log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax,
-            compute_grad,
-        )
-        grad = conform_layout(grad, log_probs)
-        loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0,
-                                      batch_dim=1)
+        return loss, conform_layout(grad, log_probs)
+    padded = ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=validate)
+    loss, grad = kern.ctc_loss_forward(
+        log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax, compute_grad,
+    )
+    grad = conform_layout(grad, log_probs)
+    loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
     w = ctc_mean_weights(target_lengths, loss) if reduction == "mean" else None
     return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=1)
 
