@@ -32,7 +32,7 @@ import torch
 from numba import njit
 
 from ..._core.numba_pool import own_lines, run_jobs
-from ..lattice.numba_cpu import _lse, transducer_lattice
+from ..lattice.numba_cpu import transducer_lattice
 from .table import JointTable
 
 NEG_INF = float("-inf")
