@@ -166,23 +166,6 @@ def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type:
     return emit, blank
 
 
-def _row_logsumexp(x: Tensor) -> Tensor:
-    """``torch.logsumexp(x, dim=-1)``, on CPU over blocks of rows of ~1 MiB.
-
-    torch's logsumexp allocates a temporary as large as ``x``; on CPU a block that
-    large is a fresh mapping every call, and its page faults cost more than the
-    arithmetic (B=8, T=300, s_range=5, C=500: 6.9 ms of the 9 ms). Blocks of ~1 MiB are
-    reused by the allocator.
-    """
-    C = x.shape[-1]
-    if x.device.type != "cpu" or x.numel() <= (1 << 18) or C == 0:
-        return torch.logsumexp(x, dim=-1)
-    rows = x.reshape(-1, C)
-    step = max(1, (1 << 18) // C)
-    parts = [torch.logsumexp(rows[r0 : r0 + step], dim=1) for r0 in range(0, rows.shape[0], step)]
-    return torch.cat(parts).reshape(x.shape[:-1])
-
-
 class _WindowLogProbs(torch.autograd.Function):
     """``(log_softmax(logits)[..., sym], log_softmax(logits)[..., term])`` of a pruned joint.
 
@@ -195,7 +178,7 @@ class _WindowLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, sym, term):  # noqa: ANN001, ANN205
-        lse = _row_logsumexp(logits)  # (B, T, R)
+        lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
         px = logits.gather(3, sym)[..., 0] - lse
         py = logits[..., term] - lse
         ctx.save_for_backward(logits, sym, lse)
