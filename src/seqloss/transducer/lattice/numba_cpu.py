@@ -37,31 +37,46 @@ def _lae(a, b):  # noqa: ANN001, ANN202
 
 @njit(cache=True, nogil=True)
 def _alpha_rnnt(arc_blank, arc_emit, Tb, Ub, alpha):  # noqa: ANN001, ANN202
-    """``_alpha`` specialized to RNN-T's arcs (blank +1 frame, emission +0 frames)."""
+    """``_alpha`` specialized to RNN-T's arcs (blank +1 frame, emission +0 frames).
+
+    Swept by anti-diagonals ``t + u = n``: their states do not depend on each other,
+    so the CPU overlaps their ``exp``/``log1p`` (row order chains every state on the
+    previous one: 1.4x slower at T=300, U=60). Each state adds the same two terms as in row order,
+    so the values are the same bit for bit.
+    """
     alpha[0, 0] = 0.0
-    for u in range(1, Ub + 1):
-        alpha[0, u] = alpha[0, u - 1] + arc_emit[0, u - 1, 0] if Tb > 0 else NEG_INF
-    for t in range(1, Tb + 1):
-        alpha[t, 0] = alpha[t - 1, 0] + arc_blank[t - 1, 0, 0]
-        if t < Tb:
-            for u in range(1, Ub + 1):
-                alpha[t, u] = _lae(alpha[t - 1, u] + arc_blank[t - 1, u, 0],
-                                   alpha[t, u - 1] + arc_emit[t, u - 1, 0])
-        else:
-            for u in range(1, Ub + 1):
-                alpha[t, u] = alpha[t - 1, u] + arc_blank[t - 1, u, 0]
+    if Tb == 0:
+        for u in range(1, Ub + 1):
+            alpha[0, u] = NEG_INF
+        return
+    for n in range(1, Tb + Ub + 1):
+        if n <= Tb:  # u = 0
+            alpha[n, 0] = alpha[n - 1, 0] + arc_blank[n - 1, 0, 0]
+        if n <= Ub:  # t = 0
+            alpha[0, n] = alpha[0, n - 1] + arc_emit[0, n - 1, 0]
+        if 1 <= n - Tb <= Ub:  # t = Tb, the last frame: no emission within it
+            u = n - Tb
+            alpha[Tb, u] = alpha[Tb - 1, u] + arc_blank[Tb - 1, u, 0]
+        for u in range(max(1, n - Tb + 1), min(n - 1, Ub) + 1):  # 1 <= t < Tb, u >= 1
+            t = n - u
+            alpha[t, u] = _lae(alpha[t - 1, u] + arc_blank[t - 1, u, 0],
+                               alpha[t, u - 1] + arc_emit[t, u - 1, 0])
 
 
 @njit(cache=True, nogil=True)
 def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
-    """``_beta`` specialized to RNN-T's arcs."""
+    """``_beta`` specialized to RNN-T's arcs, by anti-diagonals as ``_alpha_rnnt``."""
     for u in range(Ub + 1):
         beta[Tb, u] = NEG_INF
     beta[Tb, Ub] = 0.0
-    for t in range(Tb - 1, -1, -1):
-        beta[t, Ub] = arc_blank[t, Ub, 0] + beta[t + 1, Ub]
-        for u in range(Ub - 1, -1, -1):
-            beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u], arc_emit[t, u, 0] + beta[t, u + 1])
+    for m in range(1, Tb + Ub + 1):  # m = (Tb - t) + (Ub - u); the row t = Tb is set
+        if m <= Tb:  # u = Ub
+            t = Tb - m
+            beta[t, Ub] = arc_blank[t, Ub, 0] + beta[t + 1, Ub]
+        for du in range(max(1, m - Tb), min(m - 1, Ub) + 1):  # t < Tb, u < Ub
+            t, u = Tb - (m - du), Ub - du
+            beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u],
+                              arc_emit[t, u, 0] + beta[t, u + 1])
 
 
 @njit(cache=True, nogil=True, inline="always")
