@@ -34,7 +34,8 @@ def _nemo_reference() -> SimpleNamespace | None:
     spec = importlib.util.find_spec("nemo")  # locates the package without importing it
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "collections/asr/losses/rnnt_pytorch.py"
+    root = Path(next(iter(spec.submodule_search_locations)))
+    path = root / "collections" / "asr" / "losses" / "rnnt_pytorch.py"
     if not path.is_file():
         return None
     src = "\n".join("" if line.startswith("from nemo.") else line
