@@ -227,6 +227,21 @@ def test_huge_incoming_gradient_does_not_overflow(backend):
     torch.testing.assert_close(gb2.double() / 1e37, gb1.double(), rtol=1e-5, atol=1e-6)
 
 
+def test_huge_incoming_gradient_wide_output(backend):
+    """Moderate inputs, an incoming gradient near float32's limit and N = 64: the
+    matmuls' sums over N of the weights overflowed although every true gradient entry
+    (~1.4e38) is finite."""
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(1, 6, 10, generator=gen)
+    b = torch.randn(1, 10, 64, generator=gen)
+    g = torch.randn(1, 6, 64, generator=gen, dtype=torch.float64)
+    _, ga1, gb1, _ = _run(a, b, backend, g=g)
+    _, ga2, gb2, _ = _run(a, b, backend, g=g * 3e37)
+    assert torch.isfinite(ga2).all() and torch.isfinite(gb2).all()
+    torch.testing.assert_close(ga2.double() / 3e37, ga1.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gb2.double() / 3e37, gb1.double(), rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- autograd
 def test_gradcheck_float64(backend):
     dev = device_for(backend)

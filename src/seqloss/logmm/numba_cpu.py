@@ -192,14 +192,20 @@ def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, 
 def _weights(g: Tensor, e: Tensor, take: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """``(G, scale)``: ``G = g e / scale`` on the entries ``take`` (all: ``None``), 0 elsewhere.
 
-    ``e = exp(c) <= 1/thr`` there, so ``G`` overflows only for a huge incoming
-    gradient; then ``g`` is first divided by a power of two (exact) per batch.
+    ``e = exp(c) <= 1/thr`` there, so ``G`` (or the matmuls' sums of it, each term
+    ``G`` times factors <= 1) overflows only for a huge incoming gradient; then ``g`` is
+    first divided by a power of two (exact) per batch.
     """
     G = e * g
     if take is not None:
         G = torch.where(take, G, 0.0)
-    if _all_finite(G) or not _all_finite(g):
+    if not _all_finite(g):
         return G, None
+    if _all_finite(G):
+        lim = torch.finfo(G.dtype).max / 4
+        absG = G.abs()
+        if float(absG.sum(-1).amax()) < lim and float(absG.sum(-2).amax()) < lim:
+            return G, None
     gmax = g.abs().amax(dim=(1, 2), keepdim=True)
     scale = torch.where(gmax > 0, torch.exp2(torch.ceil(torch.log2(gmax))), 1.0)
     G = e * (g / scale)
