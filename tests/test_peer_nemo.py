@@ -12,42 +12,19 @@ the contract on purpose, the comparison says so:
 - their ``"mean"`` divides each loss by its target length (seqloss: the batch mean),
   so reductions are compared through ``"none"``, ``"sum"`` and ``"mean_volume"``.
 
-The file is read from the installed nemo-toolkit and run with its two framework
-imports (``nemo.core``'s ``Loss`` base class and neural-type annotations) stood in by
-``torch.nn.Module`` and placeholders: importing ``nemo.core`` pulls in lightning, hydra
-and NVIDIA's telemetry packages, none of which the loss code uses.
+NeMo's file is loaded by ``seqloss.testing.nemo_rnnt_pytorch`` (run without
+``nemo.core``'s heavy imports, which the loss code does not use).
 """
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import seqloss
+from seqloss.testing import nemo_rnnt_pytorch
 
-
-def _nemo_reference() -> SimpleNamespace | None:
-    spec = importlib.util.find_spec("nemo")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    path = root / "collections" / "asr" / "losses" / "rnnt_pytorch.py"
-    if not path.is_file():
-        return None
-    src = "\n".join("" if line.startswith("from nemo.") else line
-                    for line in path.read_text().splitlines())
-    ns: dict = {"__name__": "nemo_rnnt_pytorch", "Loss": torch.nn.Module}
-    for name in ("NeuralType", "LabelsType", "LengthsType", "LogprobsType", "LossType"):
-        ns[name] = lambda *a, **k: None
-    exec(compile(src, str(path), "exec"), ns)  # noqa: S102
-    return SimpleNamespace(**ns)
-
-
-rnnt_pytorch = _nemo_reference()
+rnnt_pytorch = nemo_rnnt_pytorch()
 if rnnt_pytorch is None:
     pytest.skip("nemo-toolkit is not installed", allow_module_level=True)
 

@@ -265,9 +265,10 @@ def _seqloss_multiblank(d: dict):  # noqa: ANN202
 
 
 def _nemo_multiblank(d: dict):  # noqa: ANN202
-    from nemo.collections.asr.losses.rnnt_pytorch import MultiblankRNNTLossPytorch
+    from ..testing import nemo_rnnt_pytorch
 
-    loss = MultiblankRNNTLossPytorch(d["blank"], BIG_BLANK_DURATIONS, reduction="sum")
+    loss = nemo_rnnt_pytorch().MultiblankRNNTLossPytorch(d["blank"], BIG_BLANK_DURATIONS,
+                                                         reduction="sum")
     tg, il, tl = (d[k] for k in ("targets", "logit_lengths", "target_lengths"))
     return lambda x: loss(acts=x, labels=tg, act_lens=il, label_lens=tl)
 
@@ -290,9 +291,9 @@ def _transformers_tdt(d: dict):  # noqa: ANN202
 
 
 def _nemo_tdt(d: dict):  # noqa: ANN202
-    from nemo.collections.asr.losses.rnnt_pytorch import TDTLossPytorch
+    from ..testing import nemo_rnnt_pytorch
 
-    loss = TDTLossPytorch(d["blank"], TDT_DURATIONS, reduction="sum")
+    loss = nemo_rnnt_pytorch().TDTLossPytorch(d["blank"], TDT_DURATIONS, reduction="sum")
     # It allocates its alphas with .cuda(): its inputs go there (the copies are timed).
     tg, il, tl = (d[k].cuda() for k in ("targets", "logit_lengths", "target_lengths"))
     return lambda x: loss(acts=x.cuda(), labels=tg, act_lens=il, label_lens=tl)

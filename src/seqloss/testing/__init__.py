@@ -1,6 +1,7 @@
 """Test helpers shipped with seqloss: brute-force oracles, input factories, tolerances."""
 
 from .oracles import brute_force_ctc, brute_force_lattice, brute_force_rnnt
+from .peers import nemo_rnnt_pytorch
 from .tolerance import assert_close_budget
 
 __all__ = [
@@ -8,4 +9,5 @@ __all__ = [
     "brute_force_ctc",
     "brute_force_lattice",
     "brute_force_rnnt",
+    "nemo_rnnt_pytorch",
 ]
