@@ -215,31 +215,23 @@ def test_half_inputs(backend, dtype):
                         what="grad_b")
 
 
-def test_huge_incoming_gradient_does_not_overflow(backend):
+@pytest.mark.parametrize(
+    ("scale", "N", "factor"),
+    [(30.0, 4, 1e37), (1.0, 64, 3e37)],
+    # scale30: the scaled (2^lam) path; wide: moderate inputs, where the matmuls' sums over
+    # N = 64 of the weights overflowed although every true gradient entry (~1.4e38) is finite
+    ids=["scale30", "wide"],
+)
+def test_huge_incoming_gradient_does_not_overflow(backend, scale, N, factor):
     gen = torch.Generator().manual_seed(5)
-    a = 30 * torch.randn(1, 6, 10, generator=gen)
-    b = 30 * torch.randn(1, 10, 4, generator=gen)
-    g = torch.randn(1, 6, 4, generator=gen, dtype=torch.float64)
+    a = scale * torch.randn(1, 6, 10, generator=gen)
+    b = scale * torch.randn(1, 10, N, generator=gen)
+    g = torch.randn(1, 6, N, generator=gen, dtype=torch.float64)
     _, ga1, gb1, _ = _run(a, b, backend, g=g)
-    _, ga2, gb2, _ = _run(a, b, backend, g=g * 1e37)
+    _, ga2, gb2, _ = _run(a, b, backend, g=g * factor)
     assert torch.isfinite(ga2).all() and torch.isfinite(gb2).all()
-    torch.testing.assert_close(ga2.double() / 1e37, ga1.double(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gb2.double() / 1e37, gb1.double(), rtol=1e-5, atol=1e-6)
-
-
-def test_huge_incoming_gradient_wide_output(backend):
-    """Moderate inputs, an incoming gradient near float32's limit and N = 64: the
-    matmuls' sums over N of the weights overflowed although every true gradient entry
-    (~1.4e38) is finite."""
-    gen = torch.Generator().manual_seed(5)
-    a = torch.randn(1, 6, 10, generator=gen)
-    b = torch.randn(1, 10, 64, generator=gen)
-    g = torch.randn(1, 6, 64, generator=gen, dtype=torch.float64)
-    _, ga1, gb1, _ = _run(a, b, backend, g=g)
-    _, ga2, gb2, _ = _run(a, b, backend, g=g * 3e37)
-    assert torch.isfinite(ga2).all() and torch.isfinite(gb2).all()
-    torch.testing.assert_close(ga2.double() / 3e37, ga1.double(), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(gb2.double() / 3e37, gb1.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ga2.double() / factor, ga1.double(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gb2.double() / factor, gb1.double(), rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- autograd
