@@ -3,6 +3,9 @@
     torchrun --nproc_per_node=2 examples/ddp_ctc.py --steps 100
     python examples/ddp_ctc.py --steps 100        # one process, the same global batches
 
+(Where the machine's hostname does not resolve, as in some containers, add
+``--local-addr 127.0.0.1`` to torchrun: otherwise the ranks wait forever.)
+
 Every rank draws the same global batch from the seed and trains on its shard
 (items ``rank, rank + world, ...``). DDP *averages* the ranks' gradients, so
 the loss must be scaled to make that average the gradient of the global loss:
@@ -39,7 +42,8 @@ def shard_loss(model: torch.nn.Module, batch: D.Batch, world: int, global_batch:
     return per_label.sum() * (world / global_batch)
 
 
-def train(steps: int, global_batch: int, seed: int, lr: float, backend: str) -> tuple[dict, list[float]]:
+def train(steps: int, global_batch: int, seed: int, lr: float,
+          backend: str) -> tuple[dict, list[float]]:
     distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
     if distributed:
         dist.init_process_group("gloo")

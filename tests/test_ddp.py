@@ -1,4 +1,5 @@
-"""examples/ddp_ctc.py: two gloo ranks end with the parameters of one process on the same batches."""
+"""examples/ddp_ctc.py: two gloo ranks end with the parameters of one process on the same
+batches."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
-
-import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "ddp_ctc.py"
 
@@ -25,14 +25,26 @@ ARGS = ["--steps", "4", "--batch", "6", "--seed", "3", "--lr", "0.5"]
 
 
 def _run(cmd: list[str], tmp: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp)
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-4000:])
+    env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if Path("/sys/class/net/lo").exists():
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=tmp, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)  # the launcher and both ranks
+        out, err = p.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s\n{out[-2000:]}\n{err[-4000:]}")
+    assert p.returncode == 0, (out[-2000:], err[-4000:])
 
 
 def test_ddp_two_ranks_match_single_process(tmp_path):
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          str(SCRIPT), *ARGS, "--save", str(tmp_path / "ddp.pt")], tmp_path)
+    # Loopback throughout: where the machine's hostname does not resolve (containers,
+    # sandboxes), torchrun's default address makes the ranks retry forever.
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+          "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(SCRIPT), *ARGS,
+          "--save", str(tmp_path / "ddp.pt")], tmp_path)
     ddp = torch.load(tmp_path / "ddp.pt")
     # The single-process run, in this process (no WORLD_SIZE here: no process group).
     spec = importlib.util.spec_from_file_location("ddp_ctc", SCRIPT)
