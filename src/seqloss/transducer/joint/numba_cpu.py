@@ -1,4 +1,4 @@
-r"""The table-driven joint on CPU: torch's vectorized passes over the logits, Numba on the lattice.
+r"""The table-driven joint on CPU: row passes over the logits and the lattice, in Numba.
 
 Implements ``joint_loss_forward`` and ``joint_loss_forward_pair`` of
 ``seqloss.transducer.joint.reference`` (same signatures and semantics) for any
@@ -6,21 +6,23 @@ Implements ``joint_loss_forward`` and ``joint_loss_forward_pair`` of
 block through views of their own (``_forward``), so TDT's pair of tensors is never
 concatenated.
 
-Where the time goes: the loss is bound by one ``exp`` per logit. The installed
-llvmlite has no vector math library, so a Numba ``exp`` is scalar (~10x slower
-than torch's vectorized one); the passes over the logits are therefore torch ops,
-chunked over frames so that each chunk stays in cache between its passes, and only
-the ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per (sequence,
-direction) or sequence, on the shared thread pool (:func:`seqloss._core.numba_pool.run_jobs`:
-fork-safe, the same result whatever the thread count).
+Where the time goes: the loss is bound by one ``exp`` per logit and by memory traffic.
+For float32/float64 logits the passes over them run row by row in Numba
+(``numba_rows``: a vectorized ``exp``, each row read from memory once per pass, many
+jobs on the shared pool); half-precision logits and layouts without unit stride along
+the classes take torch's ops over chunks of frames, each chunk staying in cache between
+its passes. The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
+(sequence, direction) or sequence, on the shared thread pool
+(:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the
+thread count).
 
-Memory: the normalizers are computed on the fly in the gradient's own buffer
-(``exp(x - max)`` written there, summed, then rescaled in place by the
-occupation weight in the epilogue), so the gradient is the only logits-sized
-allocation, and none at all when the caller passes ``grad_buffer=logits``.
-Half-precision inputs use chunk-sized float32 temporaries instead (their
-gradient buffer is too coarse to hold the exponentials), at the price of a
-second ``exp`` pass.
+Memory: the gradient is the only logits-sized allocation, and none at all when the
+caller passes ``grad_buffer=logits``. RNN-T-like tables: the prologue only reads the
+logits (shift, sum, NaN/``+inf``), and the epilogue recomputes ``exp(x - m)`` into the
+gradient, scaled by the occupation weight, in one write. Many-arc tables: the prologue
+writes ``exp(x - m)`` into the gradient's buffer, which the lattice kernel rescales in
+place. Half-precision inputs use chunk-sized float32 temporaries instead (their gradient
+buffer is too coarse to hold the exponentials), at the price of a second ``exp`` pass.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from numba import njit
 
 from ..._core.numba_pool import own_lines, run_jobs
 from ..lattice.numba_cpu import transducer_lattice
+from .numba_rows import RowPasses, rows_ok
 from .table import JointTable
 
 NEG_INF = float("-inf")
@@ -431,6 +434,16 @@ def _forward_table(
     sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
     skip = np.zeros(B, dtype=np.uint8)
+    # The passes over the token rows in Numba, row by row, for every sequence at once
+    # (see ``numba_rows``); torch's ops over chunks of frames where the layout does not allow.
+    g_tok = None
+    if compute_grad:
+        g_tok = grad_tok[..., :V] if whole else grad_tok
+    passes = None
+    if fused_log_softmax and rows_ok(logits, *(() if g_tok is None else (g_tok,))):
+        row_max = torch.empty((B, T, U1), dtype=acc)
+        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
+    gathered: list[tuple | None] = [None] * B
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
@@ -443,6 +456,9 @@ def _forward_table(
         if D:
             xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach()
             any_bad = _duration_scores(xd.numpy(), fused_log_softmax, sd[b, :tb, : ub + 1].numpy())
+        if passes is not None:
+            gathered[b] = (xb, xe, any_bad)
+            continue
         m_b = torch.empty((tb, ub + 1), dtype=acc)
         s_b = row_sum[b, :tb, : ub + 1]
         g = _seq_view(grad_tok, b, tb, ub, offs[b]) if compute_grad else None
@@ -471,6 +487,25 @@ def _forward_table(
         _token_scores(xb.numpy(), xe.numpy(), m_b.numpy(), s_b.numpy(), fused_log_softmax,
                       float(table.sigma), sb[b, :tb, : ub + 1].numpy(), se[b, :tb, :ub].numpy())
         del xb, xe, m_b
+    # exp(x - m) written into the gradient's rows, which the lattice kernel rescales in
+    # place. (Recomputing it there from the logits instead, as the RNN-T path does, was
+    # slower: 61-66 vs 54 ms and 193-200 vs 182-191 ms at B4/B8 of the RNN-T sizes, TDT
+    # [0..4], 2 threads; that work then runs in one job per sequence, not in many.)
+    if passes is not None:
+        seq_bad = passes.prologue(g_tok)
+        for b in range(B):
+            tb, ub = Tl[b], Ul[b]
+            if gathered[b] is None:
+                continue
+            xb, xe, any_bad = gathered[b]
+            gathered[b] = None
+            if any_bad or seq_bad[b]:
+                skip[b] = 1
+                continue
+            _token_scores(xb.numpy(), xe.numpy(), row_max[b, :tb, : ub + 1].numpy(),
+                          row_sum[b, :tb, : ub + 1].numpy(), fused_log_softmax,
+                          float(table.sigma), sb[b, :tb, : ub + 1].numpy(),
+                          se[b, :tb, :ub].numpy())
 
     # ---- the lattice and, per state, its gradient row (one job per sequence)
     ll = torch.empty((B,), dtype=torch.float64)
@@ -652,6 +687,12 @@ def _forward(
     row_sum = torch.empty((B, T, U1), dtype=acc)
     bad = [False] * B
     kept_dur: list[torch.Tensor | None] = [None] * B
+    # The passes over the logits row by row in Numba (one read of each row from memory)
+    # where the layout allows; torch's ops over chunks of frames otherwise.
+    passes = None
+    if fused_log_softmax and not half and rows_ok(logits, *(() if grad is None else (grad,))):
+        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
+    gathered: list[tuple | None] = [None] * B
 
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
     for b in range(B):
@@ -673,6 +714,9 @@ def _forward(
             ld = _log_softmax(xd) if fused_log_softmax else xd
             if not reread_durations:
                 kept_dur[b] = ld
+        gathered[b] = (xb, xe, ld, any_bad)
+        if passes is not None:
+            continue  # the row passes below, for every sequence at once
         g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
         xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
         gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
@@ -699,6 +743,19 @@ def _forward(
                 s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
             row_sum[b, t0:t1, : ub + 1] = s
             row_max[b, t0:t1, : ub + 1] = m
+        gathered[b] = (xb, xe, ld, any_bad)
+    if passes is not None:
+        # exp(x - m) is recomputed in the epilogue rather than kept in the gradient's buffer:
+        # one read of the logits instead of a write and a read of the buffer.
+        seq_bad = passes.prologue(None)
+    for b in range(B):
+        tb, ub = Tl[b], Ul[b]
+        if tb == 0:
+            continue
+        xb, xe, ld, any_bad = gathered[b]
+        gathered[b] = None
+        if passes is not None:
+            any_bad = any_bad or bool(seq_bad[b])
         bad[b] = any_bad
         xb, xe = xb.to(lat), xe.to(lat)
         if fused_log_softmax:
@@ -752,6 +809,8 @@ def _forward(
             if gd is not None:
                 gd.fill_(fill)
             continue
+        if passes is not None and not D:
+            continue  # the token block in the row passes below
         # Occupations in the accumulation dtype (float64 for float64 input); their sums,
         # and the small duration block, in float64.
         ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
@@ -781,7 +840,9 @@ def _forward(
                 g_dur = g_dur.clamp(-clamp, clamp)
             if grad_scale != 1.0:
                 g_dur = g_dur * grad_scale
-        if fused_log_softmax:
+        if passes is not None:
+            pass  # the row passes below, for every sequence at once
+        elif fused_log_softmax:
             s = row_sum[b, :tb, : ub + 1]
             # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)).
             w = torch.where(s > 0, total.to(acc) / s, 0.0)
@@ -829,4 +890,8 @@ def _forward(
                 g[:, :ub].scatter_(2, idx.expand(tb, ub, 1), -oe_c[..., None].to(g.dtype))
         if D:
             gd.copy_(g_dur)
+    if passes is not None:
+        skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)])
+        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip,
+                        recompute=True)
     return loss

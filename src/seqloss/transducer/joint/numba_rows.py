@@ -1,0 +1,335 @@
+r"""The joint's passes over the logits on CPU, one row at a time in Numba.
+
+The transducer losses are bound by one ``exp`` per logit. A row of the joint (``V``
+logits of one ``(t, u)`` state) fits in L1, so per row:
+
+- prologue: its maximum ``m`` (0 for a row of ``-inf``), ``exp(x - m)`` written into
+  the gradient's buffer and summed (``s``), NaN/``+inf`` detection -- one read of the
+  logits from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are four
+  passes over a chunk;
+- epilogue (RNN-T-like tables): ``exp(x - m) * occupation / s`` minus the arcs'
+  occupations at their classes, the clamp and the gradient scale, in place, in one
+  read and write of the row.
+
+The ``exp`` is written out (Cody-Waite reduction, Taylor polynomial, exponent built
+from the integer bits; float32: 16 lanes under AVX-512), so LLVM vectorizes the row
+loops: the installed llvmlite has no vector math library. float32 to ~2 ulp, float64
+to ~1 ulp; exactly 0 for arguments below the dtype's normal range. Sums accumulate in
+float64.
+
+Rows are addressed in flat (1-D) views of the tensors' storage, with per-sequence
+element offsets and strides, so any layout with unit stride along the classes works
+(padded, packed, the token block of a TDT joint, a caller's buffer). Jobs are blocks
+of frames of one sequence, on the shared pool (:func:`seqloss._core.numba_pool.run_jobs`);
+each writes only its own rows: the result does not depend on the schedule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit, types
+from numba.extending import overload
+
+from ..._core.numba_pool import own_lines, run_jobs
+
+# float32
+_L2E_F = np.float32(1.4426950408889634)
+_LN2HI_F = np.float32(0.693359375)  # few mantissa bits: n * _LN2HI_F is exact
+_LN2LO_F = np.float32(-2.12194440e-4)
+_MIN_F = np.float32(-87.3)  # exp below is subnormal or 0 in float32
+# float64
+_L2E = 1.4426950408889634
+_LN2HI = 0.6931471803691238
+_LN2LO = 1.9082149292705877e-10
+_MIN = -708.0
+
+# No "nnan"/"ninf": the NaN count and the -inf rows must survive. "reassoc" lets the
+# row's max and sum vectorize.
+_FM = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_f32(x):  # noqa: ANN001, ANN202
+    xx = max(x, _MIN_F)
+    # floor, not the 1.5 * 2**23 shift: the shift's rounding does not survive "reassoc".
+    n = np.floor(xx * _L2E_F + np.float32(0.5))
+    r = xx - n * _LN2HI_F
+    r = r - n * _LN2LO_F
+    p = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(0.5) + r * (
+        np.float32(1.0 / 6) + r * (np.float32(1.0 / 24) + r * (np.float32(1.0 / 120) + r * (
+            np.float32(1.0 / 720) + r * np.float32(1.0 / 5040)))))))
+    scale = np.int32((np.int32(n) + 127) << 23).view(np.float32)
+    # NaN stays NaN (the caller's NaN check is then the row's sum), -inf gives 0.
+    return p * scale if x >= _MIN_F else (np.float32(0.0) if x < _MIN_F else x)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_f64(x):  # noqa: ANN001, ANN202
+    xx = max(x, _MIN)
+    n = np.floor(xx * _L2E + 0.5)
+    r = xx - n * _LN2HI
+    r = r - n * _LN2LO
+    p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
+        1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (
+            1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600))))))))))))
+    scale = np.int64((np.int64(n) + 1023) << 52).view(np.float64)
+    return p * scale if x >= _MIN else (0.0 if x < _MIN else x)
+
+
+def _exp(x):  # noqa: ANN001, ANN202
+    """``exp`` in the argument's own precision (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(_exp)
+def _exp_impl(x):  # noqa: ANN001, ANN202
+    # Not inline="always": Numba's inliner then warns on the branches (LLVM inlines it).
+    if x == types.float32:
+        return lambda x: _exp_f32(x)
+    return lambda x: _exp_f64(x)
+
+
+_LANES = 16
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
+    """The row's maximum (NaN: any value; the caller counts NaN apart). ``acc``: scratch of
+    ``_LANES`` entries. LLVM does not vectorize a max *reduction* here (it would need
+    "nnan", which Numba applies to a whole function once inlined); ``_LANES`` running
+    maxima are an elementwise select, which it does (4x faster)."""
+    n = V // _LANES * _LANES
+    m = xrow[0]
+    if n:
+        for k in range(_LANES):
+            acc[k] = xrow[k]
+        for v in range(_LANES, n, _LANES):
+            for k in range(_LANES):
+                a = xrow[v + k]
+                acc[k] = a if a > acc[k] else acc[k]
+        for k in range(_LANES):
+            m = acc[k] if acc[k] > m else m
+    for v in range(n, V):
+        m = xrow[v] if xrow[v] > m else m
+    return m
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _prologue_job(x, xo, xst, xsu, g, go, gst, gsu, write, V, jb, jt0, jt1, ub1, rm, rs,
+                  ro, rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
+    """Rows ``(t, u)``, ``jt0[job] <= t < jt1[job]``, ``u < ub1[b]``, of sequence ``b = jb[job]``.
+
+    Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]`` (``g`` likewise with
+    ``go, gst, gsu``; written only when ``write``); its shift and sum (in ``x``'s dtype,
+    as torch's ``sum``) go to ``rm/rs[ro[b] + t rst[b] + u]``. ``bad[job] = 1`` when a
+    row holds NaN or ``+inf`` (``g``'s row then holds NaN).
+    """
+    b = jb[job]
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    zero = np.zeros(1, x.dtype)[0]
+    acc = np.empty(_LANES, x.dtype)
+    nbad = 0
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub1[b]):
+            # Row slices, not flat indices: LLVM then vectorizes (x and g may alias).
+            xr = x0 + t * xs0 + u * xs1
+            xrow = x[xr : xr + V]
+            m = _row_max(xrow, V, acc)
+            if m == -np.inf:  # a row of -inf: shift 0, sum 0 (no arc out of it)
+                m = zero
+            s = zero
+            if write:
+                gr = g0 + t * gs0 + u * gs1
+                grow = g[gr : gr + V]
+                for v in range(V):
+                    grow[v] = _exp(xrow[v] - m)
+                # Summed from g, in a loop of its own: x and g may be one buffer (a
+                # gradient over the logits), and LLVM's vector loop then falls back to a
+                # scalar one, which would sum in another order (different bits).
+                for v in range(V):
+                    s += grow[v]
+            else:
+                for v in range(V):
+                    s += _exp(xrow[v] - m)
+            if s != s or m == np.inf:  # NaN (its exp is NaN) or +inf in the row
+                nbad += 1
+            k = r0 + t * rs0 + u
+            rm[k] = m
+            rs[k] = s
+    bad[job] = 1 if nbad else 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
+                  ro, rst, ob, oe, cls, tg, scale, clamp, gscale, skip,
+                  job):  # noqa: ANN001, ANN201, PLR0913
+    """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``):
+
+        g = clamp(exp(x - m) * total / s - sum over arcs of their occupation at their class)
+            * gscale
+
+    with ``exp(x - m)`` recomputed from ``x`` (``recompute``: the prologue did not write
+    it; one read of ``x`` instead of a write and a read of ``g``, the same bits) or read
+    from ``g`` (in place).
+
+    ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
+    (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
+    label ``tg[b, u]`` (scaled by ``scale``, FastEmit's ``1 + lambda``); ``total`` is
+    their sum (float64). ``clamp <= 0``: no clamp. Sequences with ``skip[b]`` are left alone.
+    """
+    b = jb[job]
+    if skip[b]:
+        return
+    ub = ub1[b] - 1
+    Db = ob.shape[3]
+    De = oe.shape[3]
+    obf = ob.reshape(-1)
+    oef = oe.reshape(-1)
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    r0, rs0 = ro[b], rst[b]
+    hi = clamp if clamp > 0 else np.inf
+    wbuf = np.empty(3, g.dtype)  # in g's dtype: the row's products stay in its precision
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub + 1):
+            k = r0 + t * rs0 + u
+            total = 0.0
+            for i in range(Db):
+                total += obf[k * Db + i]
+            oes = 0.0
+            if u < ub:
+                for j in range(De):
+                    oes += oef[k * De + j]
+                oes *= scale
+            total += oes
+            s = np.float64(rs[k])
+            wbuf[0] = total / s if s > 0 else 0.0
+            wbuf[1] = hi
+            wbuf[2] = gscale
+            w, h, sc = wbuf[0], wbuf[1], wbuf[2]
+            gr = g0 + t * gs0 + u * gs1
+            grow = g[gr : gr + V]
+            if recompute:
+                xr = x0 + t * xs0 + u * xs1
+                xrow = x[xr : xr + V]
+                m = rm[k]
+                for v in range(V):
+                    grow[v] = _exp(xrow[v] - m) * w
+            else:
+                for v in range(V):
+                    grow[v] *= w
+            for i in range(Db):
+                grow[cls[i]] -= obf[k * Db + i]
+            if u < ub:
+                grow[tg[b, u]] -= oes
+            if clamp > 0 or gscale != 1.0:
+                for v in range(V):
+                    grow[v] = min(max(grow[v], -h), h) * sc
+
+
+# --------------------------------------------------------------------------- drivers
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """A 1-D numpy view of ``t``'s storage from its first element to its last (any strides)."""
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    return torch.as_strided(t, (span,), (1,)).numpy()
+
+
+def rows_ok(*ts: torch.Tensor) -> bool:
+    """Whether tensors can go through the row kernels: CPU float32/float64, unit stride
+    along the classes."""
+    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+               and (t.shape[-1] <= 1 or t.stride(-1) == 1) for t in ts)
+
+
+def _rows_of(t: torch.Tensor, Tl: list[int], Ul: list[int], offs: list[int]) -> tuple:
+    """Per-sequence element offset and (t, u) strides of ``t``'s rows (padded 4-D or packed 2-D)."""
+    B = len(Tl)
+    if t.dim() == 4:
+        sb, st, su = t.stride(0), t.stride(1), t.stride(2)
+        o = [b * sb for b in range(B)]
+        return o, [st] * B, [su] * B
+    sn = t.stride(0)
+    return [o * sn for o in offs], [(u + 1) * sn for u in Ul], [sn] * B
+
+
+def _jobs(Tl: list[int], Ul: list[int], V: int) -> tuple[np.ndarray, ...]:
+    """Blocks of frames of ~2**20 logits (4 MiB in float32), at least ~8 per thread."""
+    total = sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul)) * max(V, 1)
+    per = max(1, min(1 << 20, total // (8 * max(1, torch.get_num_threads()))))
+    jb, j0, j1, cost = [], [], [], []
+    for b, (tb, ub) in enumerate(zip(Tl, Ul)):
+        step = max(1, per // max(1, (ub + 1) * V))
+        for t0 in range(0, tb, step):
+            jb.append(b)
+            j0.append(t0)
+            j1.append(min(tb, t0 + step))
+            cost.append((j1[-1] - t0) * (ub + 1))
+    i64 = np.int64
+    return (own_lines(np.asarray(jb, i64)), own_lines(np.asarray(j0, i64)),
+            own_lines(np.asarray(j1, i64)), cost)
+
+
+class RowPasses:
+    """The prologue and epilogue of one loss call over ``x``'s rows (token block, ``V`` wide).
+
+    ``row_max``/``row_sum``: ``(B, T, U1)`` contiguous, in the accumulation dtype.
+    """
+
+    def __init__(self, x: torch.Tensor, Tl: list[int], Ul: list[int], offs: list[int], V: int,
+                 row_max: torch.Tensor, row_sum: torch.Tensor) -> None:
+        self.Tl, self.Ul, self.offs, self.V = Tl, Ul, offs, V
+        self.jobs = _jobs(Tl, Ul, V)
+        i64 = np.int64
+        self.ub1 = own_lines(np.asarray([u + 1 for u in Ul], i64))
+        _, T, U1 = row_max.shape
+        B = len(Tl)
+        self.ro = own_lines(np.asarray([b * T * U1 for b in range(B)], i64))
+        self.rst = own_lines(np.asarray([U1] * B, i64))
+        self.rm, self.rs = row_max.view(-1).numpy(), row_sum.view(-1).numpy()
+        self.x = x
+
+    def _addr(self, t: torch.Tensor) -> tuple:
+        o, st, su = _rows_of(t, self.Tl, self.Ul, self.offs)
+        i64 = np.int64
+        return (_flat(t), own_lines(np.asarray(o, i64)), own_lines(np.asarray(st, i64)),
+                own_lines(np.asarray(su, i64)))
+
+    def prologue(self, g: torch.Tensor | None) -> np.ndarray:
+        """Shifts, sums and (into ``g``, when given) ``exp(x - m)``; returns per-sequence
+        NaN/``+inf`` flags."""
+        jb, j0, j1, cost = self.jobs
+        xa = self._addr(self.x)
+        ga = self._addr(g) if g is not None else (xa[0][:0], *xa[1:])
+        bad = np.zeros(len(cost), np.uint8)
+        if cost:
+            run_jobs(_prologue_job, (*xa, *ga, g is not None, self.V, jb, j0, j1, self.ub1,
+                                     self.rm, self.rs, self.ro, self.rst, bad),
+                     range(len(cost)), order=cost)
+        seq_bad = np.zeros(len(self.Tl), bool)
+        np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
+        return seq_bad
+
+    def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
+                 tg: torch.Tensor, scale: float, clamp: float, gscale: float,
+                 skip: np.ndarray, recompute: bool) -> None:
+        """The gradient into ``g`` (see ``_epilogue_job``); ``recompute``: ``exp(x - m)``
+        from the logits (the prologue was given no ``g``), else read from ``g``."""
+        jb, j0, j1, cost = self.jobs
+        if not cost:
+            return
+        ga = self._addr(g)
+        xa = self._addr(self.x) if recompute else (ga[0][:0], *ga[1:])
+        tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
+        if tgn.ndim != 2 or tgn.shape[1] == 0:
+            tgn = np.zeros((len(self.Tl), 1), np.int64)
+        run_jobs(_epilogue_job, (*xa, bool(recompute), *ga, self.V, jb, j0, j1, self.ub1,
+                                 self.rm, self.rs, self.ro, self.rst,
+                                 ob.contiguous().numpy(), oe.contiguous().numpy(),
+                                 own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
+                                 float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
+                 range(len(cost)), order=cost)
+
+
