@@ -171,9 +171,11 @@ def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, 
         g = clamp(exp(x - m) * total / s - sum over arcs of their occupation at their class)
             * gscale
 
-    with ``exp(x - m)`` recomputed from ``x`` (``recompute``: the prologue did not write
-    it; one read of ``x`` instead of a write and a read of ``g``, the same bits) or read
-    from ``g`` (in place).
+    with ``exp(x - m)`` recomputed from ``x`` (``recompute`` 1: the prologue did not write
+    it; one read of ``x`` instead of a write and a read of ``g``, the same bits), from
+    ``g``'s own values (2: ``g`` is ``x``, a gradient written over the logits; one array,
+    so that LLVM's vector loop runs: the aliasing check of two arrays sends exactly
+    overlapping rows to its scalar loop, 2x slower), or read from ``g`` (0).
 
     ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
     (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
@@ -212,7 +214,11 @@ def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, 
             w, h, sc = wbuf[0], wbuf[1], wbuf[2]
             gr = g0 + t * gs0 + u * gs1
             grow = g[gr : gr + V]
-            if recompute:
+            if recompute == 2:  # g holds the logits themselves (a gradient over them)
+                m = rm[k]
+                for v in range(V):
+                    grow[v] = _exp(grow[v] - m) * w
+            elif recompute:
                 xr = x0 + t * xs0 + u * xs1
                 xrow = x[xr : xr + V]
                 m = rm[k]
@@ -321,11 +327,14 @@ class RowPasses:
         if not cost:
             return
         ga = self._addr(g)
-        xa = self._addr(self.x) if recompute else (ga[0][:0], *ga[1:])
+        same = (g.data_ptr() == self.x.data_ptr() and g.stride() == self.x.stride()
+                and g.shape == self.x.shape)
+        mode = (2 if same else 1) if recompute else 0
+        xa = self._addr(self.x) if mode == 1 else (ga[0][:0], *ga[1:])
         tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
-        run_jobs(_epilogue_job, (*xa, bool(recompute), *ga, self.V, jb, j0, j1, self.ub1,
+        run_jobs(_epilogue_job, (*xa, mode, *ga, self.V, jb, j0, j1, self.ub1,
                                  self.rm, self.rs, self.ro, self.rst,
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),
                                  own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
