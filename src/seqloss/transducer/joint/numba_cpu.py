@@ -440,7 +440,7 @@ def _forward_table(
     if compute_grad:
         g_tok = grad_tok[..., :V] if whole else grad_tok
     passes = None
-    if fused_log_softmax and rows_ok(logits, *(() if g_tok is None else (g_tok,))):
+    if fused_log_softmax and rows_ok(V, logits, *(() if g_tok is None else (g_tok,))):
         row_max = torch.empty((B, T, U1), dtype=acc)
         passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
     gathered: list[tuple | None] = [None] * B
@@ -690,7 +690,8 @@ def _forward(
     # The passes over the logits row by row in Numba (one read of each row from memory)
     # where the layout allows; torch's ops over chunks of frames otherwise.
     passes = None
-    if fused_log_softmax and not half and rows_ok(logits, *(() if grad is None else (grad,))):
+    if fused_log_softmax and not half and rows_ok(V, logits,
+                                                  *(() if grad is None else (grad,))):
         passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
     gathered: list[tuple | None] = [None] * B
 

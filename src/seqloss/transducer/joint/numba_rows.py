@@ -239,15 +239,29 @@ def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, 
 # --------------------------------------------------------------------------- drivers
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A 1-D numpy view of ``t``'s storage from its first element to its last (any strides)."""
-    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+    if not t.numel():
+        return torch.as_strided(t, (0,), (1,)).numpy()
+    span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
     return torch.as_strided(t, (span,), (1,)).numpy()
 
 
-def rows_ok(*ts: torch.Tensor) -> bool:
-    """Whether tensors can go through the row kernels: CPU float32/float64, unit stride
-    along the classes."""
-    return all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-               and (t.shape[-1] <= 1 or t.stride(-1) == 1) for t in ts)
+# Rows narrower than this take torch's ops over chunks instead. Measured with
+# benchmarks/bench_rnnt.py (RNN-T, x one torch.logsumexp pass, old -> row passes): at
+# V = 1024 1.19 -> 1.10 (1 thread) and 1.21-1.23 -> 1.11-1.22 (2 threads); at V = 256
+# 1.28 -> 1.40 and 1.39-1.57 -> 1.68-1.75, V = 128 1.54 -> 1.61: a short row's fixed
+# costs (slices, the lane maxima, the occupation sums) outweigh the faster exp, and at 2
+# threads the pool's worker shares its core with torch's still-spinning OpenMP worker
+# (with OMP_WAIT_POLICY=passive the row passes win at every size: 1.50 -> 1.34-1.45,
+# 1.23-1.26 -> 1.09-1.11, 1.69-1.72 -> 1.45-1.54).
+MIN_ROW_WIDTH = 512
+
+
+def rows_ok(V: int, *ts: torch.Tensor) -> bool:
+    """Whether a loss's rows (``V`` classes wide) go through the row kernels: at least
+    ``MIN_ROW_WIDTH`` classes, CPU float32/float64, unit stride along the classes."""
+    return V >= MIN_ROW_WIDTH and all(
+        t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+        and (t.shape[-1] <= 1 or t.stride(-1) == 1) for t in ts)
 
 
 def _rows_of(t: torch.Tensor, Tl: list[int], Ul: list[int], offs: list[int]) -> tuple:
@@ -263,10 +277,10 @@ def _rows_of(t: torch.Tensor, Tl: list[int], Ul: list[int], offs: list[int]) -> 
 
 def _jobs(Tl: list[int], Ul: list[int], V: int) -> tuple[np.ndarray, ...]:
     """Blocks of frames of ~2**20 logits (4 MiB in float32), at least ~8 per thread."""
-    total = sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul)) * max(V, 1)
+    total = sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)) * max(V, 1)
     per = max(1, min(1 << 20, total // (8 * max(1, torch.get_num_threads()))))
     jb, j0, j1, cost = [], [], [], []
-    for b, (tb, ub) in enumerate(zip(Tl, Ul)):
+    for b, (tb, ub) in enumerate(zip(Tl, Ul, strict=True)):
         step = max(1, per // max(1, (ub + 1) * V))
         for t0 in range(0, tb, step):
             jb.append(b)
