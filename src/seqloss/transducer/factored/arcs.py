@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..lattice.op import lattice_op
+from ..lattice.op import call_lattice
 
 NEG_INF = float("-inf")
 
@@ -259,8 +259,8 @@ def run_lattice(emit: Tensor, blank: Tensor, lens: Tensor, rnnt_type: str, bound
         emit, blank = _shift(emit, s0, t0), _shift(blank, s0, t0)
     need = occupations or (torch.is_grad_enabled() and (emit.requires_grad or blank.requires_grad))
     ed = [0] if rnnt_type == "regular" else [1]
-    ll, ob, oe = lattice_op(blank[..., None], emit[..., None], lens[:, 3], lens[:, 2], [1], ed,
-                            rnnt_type != "regular", backend, bool(need), bool(validate))
+    ll, ob, oe = call_lattice(blank[..., None], emit[..., None], lens[:, 3], lens[:, 2], [1],
+                              ed, rnnt_type != "regular", backend, bool(need), bool(validate))
     if not occupations:
         return ll, None, None
     # Fresh tensors: the lattice's backward may hand its saved occupations on as they are.

@@ -11,11 +11,8 @@ logits of one ``(t, u)`` state) fits in L1, so per row:
   occupations at their classes, the clamp and the gradient scale, in place, in one
   read and write of the row.
 
-The ``exp`` is written out (Cody-Waite reduction, Taylor polynomial, exponent built
-from the integer bits; float32: 16 lanes under AVX-512), so LLVM vectorizes the row
-loops: the installed llvmlite has no vector math library. float32 to ~2 ulp, float64
-to ~1 ulp; exactly 0 for arguments below the dtype's normal range. Sums accumulate in
-float64.
+The ``exp`` is written out (``seqloss._core.numba_exp``), so LLVM vectorizes the row
+loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
 
 Rows are addressed in flat (1-D) views of the tensors' storage, with per-sequence
 element offsets and strides, so any layout with unit stride along the classes works
@@ -28,66 +25,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
+from ..._core.numba_exp import vexp as _exp
 from ..._core.numba_pool import own_lines, run_jobs
 
-# float32
-_L2E_F = np.float32(1.4426950408889634)
-_LN2HI_F = np.float32(0.693359375)  # few mantissa bits: n * _LN2HI_F is exact
-_LN2LO_F = np.float32(-2.12194440e-4)
-_MIN_F = np.float32(-87.3)  # exp below is subnormal or 0 in float32
-# float64
-_L2E = 1.4426950408889634
-_LN2HI = 0.6931471803691238
-_LN2LO = 1.9082149292705877e-10
-_MIN = -708.0
-
-# No "nnan"/"ninf": the NaN count and the -inf rows must survive. "reassoc" lets the
+# No "nnan"/"ninf": NaN (through the row's sum) and rows of -inf must survive. "reassoc" lets the
 # row's max and sum vectorize.
 _FM = {"reassoc", "contract", "nsz", "arcp"}
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _exp_f32(x):  # noqa: ANN001, ANN202
-    xx = max(x, _MIN_F)
-    # floor, not the 1.5 * 2**23 shift: the shift's rounding does not survive "reassoc".
-    n = np.floor(xx * _L2E_F + np.float32(0.5))
-    r = xx - n * _LN2HI_F
-    r = r - n * _LN2LO_F
-    p = np.float32(1.0) + r * (np.float32(1.0) + r * (np.float32(0.5) + r * (
-        np.float32(1.0 / 6) + r * (np.float32(1.0 / 24) + r * (np.float32(1.0 / 120) + r * (
-            np.float32(1.0 / 720) + r * np.float32(1.0 / 5040)))))))
-    scale = np.int32((np.int32(n) + 127) << 23).view(np.float32)
-    # NaN stays NaN (the caller's NaN check is then the row's sum), -inf gives 0.
-    return p * scale if x >= _MIN_F else (np.float32(0.0) if x < _MIN_F else x)
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _exp_f64(x):  # noqa: ANN001, ANN202
-    xx = max(x, _MIN)
-    n = np.floor(xx * _L2E + 0.5)
-    r = xx - n * _LN2HI
-    r = r - n * _LN2LO
-    p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (
-        1.0 / 720 + r * (1.0 / 5040 + r * (1.0 / 40320 + r * (1.0 / 362880 + r * (
-            1.0 / 3628800 + r * (1.0 / 39916800 + r * (1.0 / 479001600))))))))))))
-    scale = np.int64((np.int64(n) + 1023) << 52).view(np.float64)
-    return p * scale if x >= _MIN else (0.0 if x < _MIN else x)
-
-
-def _exp(x):  # noqa: ANN001, ANN202
-    """``exp`` in the argument's own precision (Numba only)."""
-    raise NotImplementedError
-
-
-@overload(_exp)
-def _exp_impl(x):  # noqa: ANN001, ANN202
-    # Not inline="always": Numba's inliner then warns on the branches (LLVM inlines it).
-    if x == types.float32:
-        return lambda x: _exp_f32(x)
-    return lambda x: _exp_f64(x)
 
 
 _LANES = 16

@@ -11,7 +11,7 @@ from ..._core import checks as _validate
 from ..._core.dispatch import resolve_backend
 from ..._core.errors import InputError, InputTypeError
 from ..._core.types import IntsLike
-from .op import lattice_op
+from .op import call_lattice
 
 
 def _durations(x: object, name: str, low: int) -> list[int]:
@@ -110,6 +110,6 @@ def transducer_lattice(
         _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad or arc_emit.requires_grad)
-    ll, _, _ = lattice_op(arc_blank, arc_emit, il, tl, bd, ed, bool(emit_can_end), name,
-                          compute_grad, bool(validate))
+    ll, _, _ = call_lattice(arc_blank, arc_emit, il, tl, bd, ed, bool(emit_can_end), name,
+                            compute_grad, bool(validate))
     return ll

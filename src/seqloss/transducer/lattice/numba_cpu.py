@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
 
 NEG_INF = float("-inf")
@@ -205,6 +206,40 @@ def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha,
                         occ_emit[b, t, u, j] = math.exp(a + arc_emit[b, t, u, j] + beta[b, td, u + 1] - lb)
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rnnt_occupation_kernel(ab, ae, Tl, Ul, alpha, beta, ll, occ_b, occ_e, job):  # noqa: ANN001, ANN201
+    """RNN-T's arc occupations of sequence ``b = job``, every entry of its rows written
+    (0 where no path reads: frames ``t >= T_b``, rows ``u > U_b``, emissions at ``U_b``,
+    and the whole sequence without a path). ``exp(alpha + arc + beta - ll)`` along
+    ``u`` with the vectorized ``vexp`` (torch's ops here woke its OpenMP workers, which
+    then compete with this pool for the cores)."""
+    b = job
+    Tb, Ub = Tl[b], Ul[b]
+    T, U1 = occ_b.shape[1], occ_b.shape[2]
+    lb = ll[b]
+    ok = lb != NEG_INF and lb == lb
+    for t in range(T):
+        ob = occ_b[b, t, :, 0]
+        oe = occ_e[b, t, :, 0]
+        if not ok or t >= Tb:
+            ob[:] = 0.0
+            oe[:] = 0.0
+            continue
+        a = alpha[b, t]
+        bn = beta[b, t + 1]
+        bs = beta[b, t]
+        xb = ab[b, t, :, 0]
+        xe = ae[b, t, :, 0]
+        for u in range(Ub + 1):
+            ob[u] = vexp(a[u] + xb[u] + bn[u] - lb)
+        for u in range(Ub):
+            oe[u] = vexp(a[u] + xe[u] + bs[u + 1] - lb)
+        for u in range(Ub + 1, U1):
+            ob[u] = 0.0
+        for u in range(Ub, U1):
+            oe[u] = 0.0
+
+
 def transducer_lattice(
     arc_blank: torch.Tensor,
     arc_emit: torch.Tensor,
@@ -245,9 +280,13 @@ def transducer_lattice(
     if not compute_occupations:
         return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
     if rnnt:
-        # RNN-T: vectorized exps in torch beat a Numba loop on this small
-        # (B, T, U+1) work (Numba's exp is scalar).
-        return ll, *_rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll)
+        occ_b = torch.empty(ab.shape, dtype=dt)
+        occ_e = torch.empty(ae.shape, dtype=dt)
+        run_jobs(_rnnt_occupation_kernel,
+                 (ab.numpy(), ae.numpy(), Tl, Ul, alpha.numpy(), beta.numpy(), ll.numpy(),
+                  occ_b.numpy(), occ_e.numpy()),
+                 range(B), order=Tl * (Ul + 1))
+        return ll, occ_b, occ_e
     occ_b = torch.empty(ab.shape, dtype=occupation_dtype or ab.dtype)
     occ_e = torch.empty(ae.shape, dtype=occupation_dtype or ae.dtype)
     run_jobs(transducer_occupation_kernel,
@@ -255,20 +294,3 @@ def transducer_lattice(
               ll.numpy(), occ_b.numpy(), occ_e.numpy()),
              range(B), order=Tl * (Ul + 1))
     return ll, occ_b, occ_e
-
-
-def _rnnt_occupations(ab, ae, logit_lengths, target_lengths, alpha, beta, ll):  # noqa: ANN001, ANN202
-    B, T, U1, _ = ab.shape
-    Tb = logit_lengths.cpu()[:, None, None]
-    Ub = target_lengths.cpu()[:, None, None]
-    tt = torch.arange(T)[None, :, None]
-    uu = torch.arange(U1)[None, None, :]
-    src = (tt < Tb) & (uu <= Ub) & (ll != NEG_INF)[:, None, None]
-    ll_safe = torch.where(ll == NEG_INF, 0.0, ll)[:, None, None]
-    # In place, a few (B, T, U+1) tensors at most: with a small V they are not negligible.
-    occ_b = alpha[:, :T] - ll_safe
-    occ_e = occ_b.clone()
-    occ_b.add_(ab[..., 0]).add_(beta[:, 1 : T + 1]).exp_().masked_fill_(~src, 0.0)
-    occ_e[:, :, : U1 - 1].add_(ae[:, :, : U1 - 1, 0]).add_(beta[:, :T, 1:]).exp_()
-    occ_e.masked_fill_(~(src & (uu < Ub)), 0.0)
-    return occ_b[..., None], occ_e[..., None]
