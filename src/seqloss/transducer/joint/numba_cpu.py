@@ -7,22 +7,24 @@ block through views of their own (``_forward``), so TDT's pair of tensors is nev
 concatenated.
 
 Where the time goes: the loss is bound by one ``exp`` per logit and by memory traffic.
-For float32/float64 logits the passes over them run row by row in Numba
-(``numba_rows``: a vectorized ``exp``, each row read from memory once per pass, many
-jobs on the shared pool); half-precision logits and layouts without unit stride along
-the classes take torch's ops over chunks of frames, each chunk staying in cache between
-its passes. The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
+For RNN-T's table with float32/float64 rows of at least ``numba_rows.MIN_ROW_WIDTH``
+classes the passes over them run row by row in Numba (``numba_rows``: a vectorized
+``exp``, each row read from memory once per pass, many jobs on the shared pool); every
+other case takes torch's ops over chunks of frames, each chunk staying in cache between
+its passes (for multi-blank and TDT the row passes were slower: benchmarks/RESULTS.md).
+The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
 (sequence, direction) or sequence, on the shared thread pool
 (:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the
 thread count).
 
 Memory: the gradient is the only logits-sized allocation, and none at all when the
-caller passes ``grad_buffer=logits``. RNN-T-like tables: the prologue only reads the
-logits (shift, sum, NaN/``+inf``), and the epilogue recomputes ``exp(x - m)`` into the
-gradient, scaled by the occupation weight, in one write. Many-arc tables: the prologue
-writes ``exp(x - m)`` into the gradient's buffer, which the lattice kernel rescales in
-place. Half-precision inputs use chunk-sized float32 temporaries instead (their gradient
-buffer is too coarse to hold the exponentials), at the price of a second ``exp`` pass.
+caller passes ``grad_buffer=logits``. RNN-T through the row passes: the prologue only
+reads the logits (shift, sum, NaN/``+inf``), and the epilogue recomputes ``exp(x - m)``
+into the gradient, scaled by the occupation weight, in one write. Otherwise the prologue
+writes ``exp(x - m)`` into the gradient's buffer, which the epilogue (the lattice kernel,
+for many-arc tables) rescales in place. Half-precision inputs use chunk-sized float32
+temporaries instead (their gradient buffer is too coarse to hold the exponentials), at
+the price of a second ``exp`` pass.
 """
 
 from __future__ import annotations
@@ -434,16 +436,6 @@ def _forward_table(
     sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
     skip = np.zeros(B, dtype=np.uint8)
-    # The passes over the token rows in Numba, row by row, for every sequence at once
-    # (see ``numba_rows``); torch's ops over chunks of frames where the layout does not allow.
-    g_tok = None
-    if compute_grad:
-        g_tok = grad_tok[..., :V] if whole else grad_tok
-    passes = None
-    if fused_log_softmax and rows_ok(V, logits, *(() if g_tok is None else (g_tok,))):
-        row_max = torch.empty((B, T, U1), dtype=acc)
-        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
-    gathered: list[tuple | None] = [None] * B
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
@@ -456,9 +448,6 @@ def _forward_table(
         if D:
             xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach()
             any_bad = _duration_scores(xd.numpy(), fused_log_softmax, sd[b, :tb, : ub + 1].numpy())
-        if passes is not None:
-            gathered[b] = (xb, xe, any_bad)
-            continue
         m_b = torch.empty((tb, ub + 1), dtype=acc)
         s_b = row_sum[b, :tb, : ub + 1]
         g = _seq_view(grad_tok, b, tb, ub, offs[b]) if compute_grad else None
@@ -487,25 +476,6 @@ def _forward_table(
         _token_scores(xb.numpy(), xe.numpy(), m_b.numpy(), s_b.numpy(), fused_log_softmax,
                       float(table.sigma), sb[b, :tb, : ub + 1].numpy(), se[b, :tb, :ub].numpy())
         del xb, xe, m_b
-    # exp(x - m) written into the gradient's rows, which the lattice kernel rescales in
-    # place. (Recomputing it there from the logits instead, as the RNN-T path does, was
-    # slower: 61-66 vs 54 ms and 193-200 vs 182-191 ms at B4/B8 of the RNN-T sizes, TDT
-    # [0..4], 2 threads; that work then runs in one job per sequence, not in many.)
-    if passes is not None:
-        seq_bad = passes.prologue(g_tok)
-        for b in range(B):
-            tb, ub = Tl[b], Ul[b]
-            if gathered[b] is None:
-                continue
-            xb, xe, any_bad = gathered[b]
-            gathered[b] = None
-            if any_bad or seq_bad[b]:
-                skip[b] = 1
-                continue
-            _token_scores(xb.numpy(), xe.numpy(), row_max[b, :tb, : ub + 1].numpy(),
-                          row_sum[b, :tb, : ub + 1].numpy(), fused_log_softmax,
-                          float(table.sigma), sb[b, :tb, : ub + 1].numpy(),
-                          se[b, :tb, :ub].numpy())
 
     # ---- the lattice and, per state, its gradient row (one job per sequence)
     ll = torch.empty((B,), dtype=torch.float64)
@@ -690,8 +660,8 @@ def _forward(
     # The passes over the logits row by row in Numba (one read of each row from memory)
     # where the layout allows; torch's ops over chunks of frames otherwise.
     passes = None
-    if fused_log_softmax and not half and rows_ok(V, logits,
-                                                  *(() if grad is None else (grad,))):
+    if (fused_log_softmax and not half and _is_rnnt(table)
+            and rows_ok(V, logits, *(() if grad is None else (grad,)))):
         passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
     gathered: list[tuple | None] = [None] * B
 
@@ -748,7 +718,7 @@ def _forward(
     if passes is not None:
         # exp(x - m) is recomputed in the epilogue rather than kept in the gradient's buffer:
         # one read of the logits instead of a write and a read of the buffer.
-        seq_bad = passes.prologue(None)
+        seq_bad = passes.prologue()
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
@@ -893,6 +863,5 @@ def _forward(
             gd.copy_(g_dur)
     if passes is not None:
         skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)])
-        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip,
-                        recompute=True)
+        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip)
     return loss

@@ -3,13 +3,12 @@ r"""The joint's passes over the logits on CPU, one row at a time in Numba.
 The transducer losses are bound by one ``exp`` per logit. A row of the joint (``V``
 logits of one ``(t, u)`` state) fits in L1, so per row:
 
-- prologue: its maximum ``m`` (0 for a row of ``-inf``), ``exp(x - m)`` written into
-  the gradient's buffer and summed (``s``), NaN/``+inf`` detection -- one read of the
-  logits from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are four
-  passes over a chunk;
-- epilogue (RNN-T-like tables): ``exp(x - m) * occupation / s`` minus the arcs'
-  occupations at their classes, the clamp and the gradient scale, in place, in one
-  read and write of the row.
+- prologue: its maximum ``m`` (0 for a row of ``-inf``), ``s = sum exp(x - m)``,
+  NaN/``+inf`` detection -- one read of the logits from memory, where torch's ``amax``,
+  ``sub``, ``exp_`` and ``sum`` are four passes over a chunk;
+- epilogue (RNN-T): ``exp(x - m)`` recomputed, times ``occupation / s``, minus the arcs'
+  occupations at their classes, the clamp and the gradient scale: one read of the
+  logits and one write of the gradient per row.
 
 The ``exp`` is written out (``seqloss._core.numba_exp``), so LLVM vectorizes the row
 loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
@@ -61,18 +60,17 @@ def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _prologue_job(x, xo, xst, xsu, g, go, gst, gsu, write, V, jb, jt0, jt1, ub1, rm, rs,
-                  ro, rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
+def _prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst, bad,
+                  job):  # noqa: ANN001, ANN201, PLR0913
     """Rows ``(t, u)``, ``jt0[job] <= t < jt1[job]``, ``u < ub1[b]``, of sequence ``b = jb[job]``.
 
-    Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]`` (``g`` likewise with
-    ``go, gst, gsu``; written only when ``write``); its shift and sum (in ``x``'s dtype,
-    as torch's ``sum``) go to ``rm/rs[ro[b] + t rst[b] + u]``. ``bad[job] = 1`` when a
-    row holds NaN or ``+inf`` (``g``'s row then holds NaN).
+    Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]``; its shift and sum (in
+    ``x``'s dtype, as torch's ``sum``) go to ``rm/rs[ro[b] + t rst[b] + u]``.
+    ``bad[job] = 1`` when a row holds NaN or ``+inf``. Only reads the logits: the epilogue
+    recomputes ``exp(x - m)`` (one read instead of a write now and a read then).
     """
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
-    g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
     zero = np.zeros(1, x.dtype)[0]
     acc = np.empty(_LANES, x.dtype)
@@ -86,19 +84,8 @@ def _prologue_job(x, xo, xst, xsu, g, go, gst, gsu, write, V, jb, jt0, jt1, ub1,
             if m == -np.inf:  # a row of -inf: shift 0, sum 0 (no arc out of it)
                 m = zero
             s = zero
-            if write:
-                gr = g0 + t * gs0 + u * gs1
-                grow = g[gr : gr + V]
-                for v in range(V):
-                    grow[v] = _exp(xrow[v] - m)
-                # Summed from g, in a loop of its own: x and g may be one buffer (a
-                # gradient over the logits), and LLVM's vector loop then falls back to a
-                # scalar one, which would sum in another order (different bits).
-                for v in range(V):
-                    s += grow[v]
-            else:
-                for v in range(V):
-                    s += _exp(xrow[v] - m)
+            for v in range(V):
+                s += _exp(xrow[v] - m)
             if s != s or m == np.inf:  # NaN (its exp is NaN) or +inf in the row
                 nbad += 1
             k = r0 + t * rs0 + u
@@ -108,7 +95,7 @@ def _prologue_job(x, xo, xst, xsu, g, go, gst, gsu, write, V, jb, jt0, jt1, ub1,
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
+def _epilogue_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
                   ro, rst, ob, oe, cls, tg, scale, clamp, gscale, skip,
                   job):  # noqa: ANN001, ANN201, PLR0913
     """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``):
@@ -116,11 +103,10 @@ def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, 
         g = clamp(exp(x - m) * total / s - sum over arcs of their occupation at their class)
             * gscale
 
-    with ``exp(x - m)`` recomputed from ``x`` (``recompute`` 1: the prologue did not write
-    it; one read of ``x`` instead of a write and a read of ``g``, the same bits), from
-    ``g``'s own values (2: ``g`` is ``x``, a gradient written over the logits; one array,
-    so that LLVM's vector loop runs: the aliasing check of two arrays sends exactly
-    overlapping rows to its scalar loop, 2x slower), or read from ``g`` (0).
+    with ``exp(x - m)`` recomputed from ``x``, or from ``g``'s own values when ``same``
+    (``g`` is ``x``: a gradient written over the logits; one array, so that LLVM's vector
+    loop runs: the aliasing check of two arrays sends exactly overlapping rows to its
+    scalar loop, 2x slower).
 
     ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
     (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
@@ -159,19 +145,15 @@ def _epilogue_job(x, xo, xst, xsu, recompute, g, go, gst, gsu, V, jb, jt0, jt1, 
             w, h, sc = wbuf[0], wbuf[1], wbuf[2]
             gr = g0 + t * gs0 + u * gs1
             grow = g[gr : gr + V]
-            if recompute == 2:  # g holds the logits themselves (a gradient over them)
-                m = rm[k]
+            m = rm[k]
+            if same:
                 for v in range(V):
                     grow[v] = _exp(grow[v] - m) * w
-            elif recompute:
+            else:
                 xr = x0 + t * xs0 + u * xs1
                 xrow = x[xr : xr + V]
-                m = rm[k]
                 for v in range(V):
                     grow[v] = _exp(xrow[v] - m) * w
-            else:
-                for v in range(V):
-                    grow[v] *= w
             for i in range(Db):
                 grow[cls[i]] -= obf[k * Db + i]
             if u < ub:
@@ -262,15 +244,12 @@ class RowPasses:
         return (_flat(t), own_lines(np.asarray(o, i64)), own_lines(np.asarray(st, i64)),
                 own_lines(np.asarray(su, i64)))
 
-    def prologue(self, g: torch.Tensor | None) -> np.ndarray:
-        """Shifts, sums and (into ``g``, when given) ``exp(x - m)``; returns per-sequence
-        NaN/``+inf`` flags."""
+    def prologue(self) -> np.ndarray:
+        """Shifts and sums of every row; returns per-sequence NaN/``+inf`` flags."""
         jb, j0, j1, cost = self.jobs
-        xa = self._addr(self.x)
-        ga = self._addr(g) if g is not None else (xa[0][:0], *xa[1:])
         bad = np.zeros(len(cost), np.uint8)
         if cost:
-            run_jobs(_prologue_job, (*xa, *ga, g is not None, self.V, jb, j0, j1, self.ub1,
+            run_jobs(_prologue_job, (*self._addr(self.x), self.V, jb, j0, j1, self.ub1,
                                      self.rm, self.rs, self.ro, self.rst, bad),
                      range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
@@ -279,25 +258,21 @@ class RowPasses:
 
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray, recompute: bool) -> None:
-        """The gradient into ``g`` (see ``_epilogue_job``); ``recompute``: ``exp(x - m)``
-        from the logits (the prologue was given no ``g``), else read from ``g``."""
+                 skip: np.ndarray) -> None:
+        """The gradient into ``g`` (see ``_epilogue_job``); ``g`` may be the logits."""
         jb, j0, j1, cost = self.jobs
         if not cost:
             return
         ga = self._addr(g)
         same = (g.data_ptr() == self.x.data_ptr() and g.stride() == self.x.stride()
                 and g.shape == self.x.shape)
-        mode = (2 if same else 1) if recompute else 0
-        xa = self._addr(self.x) if mode == 1 else (ga[0][:0], *ga[1:])
+        xa = (ga[0][:0], *ga[1:]) if same else self._addr(self.x)
         tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
-        run_jobs(_epilogue_job, (*xa, mode, *ga, self.V, jb, j0, j1, self.ub1,
+        run_jobs(_epilogue_job, (*xa, bool(same), *ga, self.V, jb, j0, j1, self.ub1,
                                  self.rm, self.rs, self.ro, self.rst,
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),
                                  own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
                                  float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
                  range(len(cost)), order=cost)
-
-
