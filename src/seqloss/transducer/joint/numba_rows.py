@@ -15,7 +15,7 @@ loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
 
 Rows are addressed in flat (1-D) views of the tensors' storage, with per-sequence
 element offsets and strides, so any layout with unit stride along the classes works
-(padded, packed, the token block of a TDT joint, a caller's buffer). Jobs are blocks
+(padded, packed, permuted, a caller's buffer). Jobs are blocks
 of frames of one sequence, on the shared pool (:func:`seqloss._core.numba_pool.run_jobs`);
 each writes only its own rows: the result does not depend on the schedule.
 """
@@ -29,8 +29,8 @@ from numba import njit
 from ..._core.numba_exp import vexp as _exp
 from ..._core.numba_pool import own_lines, run_jobs
 
-# No "nnan"/"ninf": NaN (through the row's sum) and rows of -inf must survive. "reassoc" lets the
-# row's max and sum vectorize.
+# No "nnan"/"ninf": NaN (found through the row's sum) and rows of -inf must survive.
+# "reassoc" lets the row's sum vectorize.
 _FM = {"reassoc", "contract", "nsz", "arcp"}
 
 
@@ -39,10 +39,11 @@ _LANES = 16
 
 @njit(inline="always", cache=True, error_model="numpy")
 def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
-    """The row's maximum (NaN: any value; the caller counts NaN apart). ``acc``: scratch of
-    ``_LANES`` entries. LLVM does not vectorize a max *reduction* here (it would need
-    "nnan", which Numba applies to a whole function once inlined); ``_LANES`` running
-    maxima are an elementwise select, which it does (4x faster)."""
+    """The row's maximum (with NaN: any value; the caller finds NaN in the row's sum).
+
+    ``acc``: scratch of ``_LANES`` entries. LLVM does not vectorize a max *reduction*
+    here (it would need "nnan", which Numba applies to a whole function once inlined);
+    ``_LANES`` running maxima are an elementwise select, which it does (4x faster)."""
     n = V // _LANES * _LANES
     m = xrow[0]
     if n:
