@@ -6,6 +6,10 @@ Taylor polynomial and the exponent built from the integer bits, branch-free, in 
 argument's own precision (float32: 16 lanes under AVX-512): float32 to ~2 ulp, float64
 to ~1 ulp (``tests/test_joint_rows.py``), exactly 0 below the dtype's normal range and
 for ``-inf``, NaN for NaN.
+
+``seqloss.ctc.numba_cpu._exp`` is the float64 polynomial with the 1.5 * 2**52 shift for the
+rounding (valid only without "reassoc"; NaN gives 0): kept there as it is, so that CTC's
+results and compile cache do not change.
 """
 
 from __future__ import annotations

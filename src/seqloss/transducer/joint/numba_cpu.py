@@ -660,7 +660,7 @@ def _forward(
     # The passes over the logits row by row in Numba (one read of each row from memory)
     # where the layout allows; torch's ops over chunks of frames otherwise.
     passes = None
-    if (fused_log_softmax and not half and _is_rnnt(table)
+    if (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
             and rows_ok(V, logits, *(() if grad is None else (grad,)))):
         passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
     gathered: list[tuple | None] = [None] * B
@@ -685,35 +685,33 @@ def _forward(
             ld = _log_softmax(xd) if fused_log_softmax else xd
             if not reread_durations:
                 kept_dur[b] = ld
-        gathered[b] = (xb, xe, ld, any_bad)
-        if passes is not None:
-            continue  # the row passes below, for every sequence at once
-        g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
-        xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
-        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
-        for t0, t1 in _chunks(tb, ub, V):
-            xc = x[t0:t1]
-            m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
-            any_bad |= bool((~(m < float("inf"))).any())
-            if not fused_log_softmax:
-                continue
-            # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
-            m = torch.where(m == NEG_INF, 0.0, m)
-            if g is not None and not half:
-                if gr is not None:  # whole rows (their duration columns: scratch)
-                    gcr = gr[t0:t1]
-                    torch.sub(xr[t0:t1], m[..., None], out=gcr)
-                    gcr.exp_()
-                    gc = gcr[..., :V]
+        if passes is None:  # else the row passes below, for every sequence at once
+            g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
+            xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
+            gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
+            for t0, t1 in _chunks(tb, ub, V):
+                xc = x[t0:t1]
+                m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
+                any_bad |= bool((~(m < float("inf"))).any())
+                if not fused_log_softmax:
+                    continue
+                # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
+                m = torch.where(m == NEG_INF, 0.0, m)
+                if g is not None and not half:
+                    if gr is not None:  # whole rows (their duration columns: scratch)
+                        gcr = gr[t0:t1]
+                        torch.sub(xr[t0:t1], m[..., None], out=gcr)
+                        gcr.exp_()
+                        gc = gcr[..., :V]
+                    else:
+                        gc = g[t0:t1]
+                        torch.sub(xc, m[..., None], out=gc)
+                        gc.exp_()
+                    s = gc.sum(-1, dtype=acc)
                 else:
-                    gc = g[t0:t1]
-                    torch.sub(xc, m[..., None], out=gc)
-                    gc.exp_()
-                s = gc.sum(-1, dtype=acc)
-            else:
-                s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
-            row_sum[b, t0:t1, : ub + 1] = s
-            row_max[b, t0:t1, : ub + 1] = m
+                    s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
+                row_sum[b, t0:t1, : ub + 1] = s
+                row_max[b, t0:t1, : ub + 1] = m
         gathered[b] = (xb, xe, ld, any_bad)
     if passes is not None:
         # exp(x - m) is recomputed in the epilogue rather than kept in the gradient's buffer:
@@ -780,8 +778,8 @@ def _forward(
             if gd is not None:
                 gd.fill_(fill)
             continue
-        if passes is not None and not D:
-            continue  # the token block in the row passes below
+        if passes is not None:
+            continue  # the row passes below (RNN-T: no duration block)
         # Occupations in the accumulation dtype (float64 for float64 input); their sums,
         # and the small duration block, in float64.
         ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
@@ -811,9 +809,7 @@ def _forward(
                 g_dur = g_dur.clamp(-clamp, clamp)
             if grad_scale != 1.0:
                 g_dur = g_dur * grad_scale
-        if passes is not None:
-            pass  # the row passes below, for every sequence at once
-        elif fused_log_softmax:
+        if fused_log_softmax:
             s = row_sum[b, :tb, : ub + 1]
             # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)).
             w = torch.where(s > 0, total.to(acc) / s, 0.0)
