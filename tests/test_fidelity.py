@@ -330,3 +330,39 @@ def test_doctor_names_an_unknown_key():
     with pytest.raises(seqloss.InputError, match=r"'target_length'.*did you mean 'target_lengths'"):
         seqloss.diagnose("ctc", log_probs=x.log_softmax(-1), targets=tg, input_lengths=il,
                          target_length=tl)
+
+
+# ------------------------------------------------------------------ the incoming gradient's forms
+@pytest.mark.parametrize("form", ["sum", "sum_x2", "vector_ones", "vector_mixed", "scalar_half"])
+def test_incoming_gradient_forms_scale_the_saved_one(form):
+    """The backward hands the saved gradient on only for an incoming gradient of ones
+    (a 0-stride expand from ``sum``, a vector, a scalar), and scales it otherwise."""
+    x, tg, il, tl = _rnnt_batch(B=3)
+    x = x.requires_grad_()
+    per_seq = torch.stack([
+        brute_force_rnnt(x[b, : il[b], : tl[b] + 1].log_softmax(-1), tg[b, : tl[b]].tolist(),
+                         blank=x.shape[-1] - 1) for b in range(3)])
+    ab = torch.randn(3, 4, 3, 1, dtype=torch.float64).requires_grad_()
+    ae = torch.randn(3, 4, 3, 1, dtype=torch.float64).requires_grad_()
+    lil, ltl = torch.tensor([4, 3, 2]), torch.tensor([2, 1, 2])
+    for loss_fn, ref_fn, leaves in (
+        (lambda: seqloss.rnnt_loss(x, tg, il, tl, reduction="none", backend="numba"),
+         lambda: per_seq, (x,)),
+        (lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="numba"),
+         lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="reference"), (ab, ae)),
+    ):
+        def reduce(v):  # noqa: ANN001, ANN202
+            if form == "sum":
+                return v.sum()
+            if form == "sum_x2":
+                return v.sum() * 2
+            if form == "vector_ones":
+                return (v * torch.ones(3, dtype=v.dtype)).sum()
+            if form == "vector_mixed":
+                return (v * torch.tensor([1.0, 3.0, 1.0], dtype=v.dtype)).sum()
+            return v[1] * 0.5
+        got = torch.autograd.grad(reduce(loss_fn()), leaves)
+        want = torch.autograd.grad(reduce(ref_fn()), leaves)
+        for g, w in zip(got, want, strict=True):
+            assert g.grad_fn is None
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)

@@ -65,7 +65,13 @@ def _keep_graph() -> bool:
 
 def _all_ones(g: Tensor) -> bool:
     # .item() of a CPU scalar is ~1 us, a torch reduction ~8 us (both sync on CUDA).
-    return g.item() == 1 if g.numel() == 1 else bool((g == 1).all())
+    # The gradient of a sum (``loss.sum().backward()``) arrives as a 0-stride expand
+    # of one value: one read suffices. A CPU vector is read through numpy (~2 us).
+    if g.numel() == 1 or (g.dim() == 1 and g.stride(0) == 0):
+        return g.reshape(-1)[0].item() == 1 if g.numel() else True
+    if checks.host_side(g) and g.dtype in (torch.float32, torch.float64):
+        return bool((g.detach().numpy() == 1).all())
+    return bool((g == 1).all())
 
 
 def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: bool,
@@ -81,14 +87,21 @@ def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: b
     fresh tensor, through ``scale_grad`` (whose backward raises the double-backward
     error). The value check is a sync on CUDA: ``validate=False`` skips it.
     """
+    return grads_to_hand_on((grad,), grad_loss, batch_dim, validate, batch_scale)[0]
+
+
+def grads_to_hand_on(grads: tuple[Tensor, ...], grad_loss: Tensor, batch_dim: int,
+                     validate: bool, batch_scale=None) -> tuple[Tensor, ...]:  # noqa: ANN001
+    """``grad_to_hand_on`` for several saved gradients of one op (one incoming gradient,
+    so one decision and one value check for all of them)."""
     if (validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
             and not _keep_graph() and _all_ones(grad_loss)):
-        return grad.detach()
+        return tuple(g.detach() for g in grads)
     if batch_scale is not None:
-        g = batch_scale(grad_loss)
+        s = batch_scale(grad_loss)
     else:
-        g = grad_loss.expand(grad.shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss
-    return scale_grad(grad, g, batch_dim)
+        s = grad_loss.expand(grads[0].shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss
+    return tuple(scale_grad(g, s, batch_dim) for g in grads)
 
 
 def conform_layout(grad: Tensor, like: Tensor) -> Tensor:

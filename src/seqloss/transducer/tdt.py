@@ -16,7 +16,7 @@ from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.module import LossModule
-from .._core.ops import _acc_dtype, _functorch_wrapped, _is_traced, call_loss_op, conform_layout, grad_to_hand_on
+from .._core.ops import _acc_dtype, _functorch_wrapped, _is_traced, call_loss_op, conform_layout, grads_to_hand_on
 from .._core.reduce import finish, mean_grad_scale, volume_weight
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
@@ -208,8 +208,7 @@ def _pair_grads(ctx, grad_loss):  # noqa: ANN001, ANN202
         return None, None
     if not ctx.compute_grad:
         raise RuntimeError("seqloss: tdt_loss was called with compute_grad=False")
-    return (grad_to_hand_on(gt, grad_loss, 0, ctx.validate),
-            grad_to_hand_on(gd, grad_loss, 0, ctx.validate))
+    return grads_to_hand_on((gt, gd), grad_loss, 0, ctx.validate)
 
 
 tdt_pair_loss_op.register_autograd(

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..._core import checks as _validate
 from ..._core.dispatch import kernel_module
-from ..._core.ops import _is_traced, grad_to_hand_on
+from ..._core.ops import _is_traced, grads_to_hand_on
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -86,7 +86,7 @@ def _backward(ctx, grad_ll, _g1, _g2):  # noqa: ANN001
         raise RuntimeError("seqloss: transducer_lattice was called with compute_grad=False")
     ob, oe = ctx.saved_tensors
     v = ctx.validate  # False: no value read (no device sync), the product is out of place
-    return (grad_to_hand_on(ob, grad_ll, 0, v), grad_to_hand_on(oe, grad_ll, 0, v), *nones)
+    return (*grads_to_hand_on((ob, oe), grad_ll, 0, v), *nones)
 
 
 lattice_op.register_autograd(_backward, setup_context=_setup)
