@@ -64,11 +64,13 @@ def _keep_graph() -> bool:
 
 
 def _all_ones(g: Tensor) -> bool:
-    # .item() of a CPU scalar is ~1 us, a torch reduction ~8 us (both sync on CUDA).
-    # The gradient of a sum (``loss.sum().backward()``) arrives as a 0-stride expand
-    # of one value: one read suffices. A CPU vector is read through numpy (~2 us).
-    if g.numel() == 1 or (g.dim() == 1 and g.stride(0) == 0):
-        return g.reshape(-1)[0].item() == 1 if g.numel() else True
+    # .item() of a CPU scalar is 0.2 us (of the 0-stride expand ``loss.sum()``'s backward
+    # sends, 1.2 us), a CPU vector through numpy ~4 us, torch's ``(g == 1).all()`` ~9 us
+    # (each a sync on CUDA).
+    if g.numel() == 1:
+        return g.item() == 1
+    if g.dim() == 1 and g.stride(0) == 0:  # one value, expanded: read it once
+        return g.as_strided((), ()).item() == 1
     if checks.host_side(g) and g.dtype in (torch.float32, torch.float64):
         return bool((g.detach().numpy() == 1).all())
     return bool((g == 1).all())

@@ -151,6 +151,18 @@ def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
+def _duration_job(xd, Tl, Ul, fused, sd, bad, job):  # noqa: ANN001, ANN201
+    """``_duration_scores`` of sequence ``b = job`` of a padded ``(B, T, U+1, D)`` block
+    (a pool job: the other core is idle while the main thread computes them)."""
+    b = job
+    tb, ub = Tl[b], Ul[b]
+    if tb == 0:
+        bad[b] = 0
+        return
+    bad[b] = 1 if _duration_scores(xd[b, :tb, : ub + 1], fused, sd[b, :tb, : ub + 1]) else 0
+
+
+@njit(cache=True, nogil=True)
 def _token_scores(xb, xe, m, s, fused, sigma, sb, se):  # noqa: ANN001, ANN201
     """One sequence's blank-class and next-label log-probs minus ``sigma``.
 
@@ -436,6 +448,15 @@ def _forward_table(
     sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
     skip = np.zeros(B, dtype=np.uint8)
+    dur_bad = None
+    if D and not packed and B > 1:
+        # The duration log-probs of every sequence at once, on the pool.
+        dur_bad = np.zeros(B, dtype=np.uint8)
+        i64 = np.int64
+        Tla, Ula = own_lines(np.asarray(Tl, dtype=i64)), own_lines(np.asarray(Ul, dtype=i64))
+        run_jobs(_duration_job, (dur_logits.detach().numpy(), Tla, Ula, bool(fused_log_softmax),
+                                 sd.numpy(), dur_bad),
+                 range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul)])
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
@@ -445,7 +466,9 @@ def _forward_table(
         xb = x[..., uniq].to(acc, copy=True)
         xe = x[:, :ub].gather(2, idx)[..., 0].to(acc)
         any_bad = False
-        if D:
+        if dur_bad is not None:
+            any_bad = bool(dur_bad[b])
+        elif D:
             xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach()
             any_bad = _duration_scores(xd.numpy(), fused_log_softmax, sd[b, :tb, : ub + 1].numpy())
         m_b = torch.empty((tb, ub + 1), dtype=acc)
