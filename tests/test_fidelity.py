@@ -366,3 +366,64 @@ def test_incoming_gradient_forms_scale_the_saved_one(form):
         for g, w in zip(got, want, strict=True):
             assert g.grad_fn is None
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
+
+
+# ------------------------------------------------------------------ contract audit: zero frames, forms
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_packed_with_a_zero_frame_sequence(backend):
+    """Sequence 0 has no frame (no rows in the packed logits): +inf, the rest exact."""
+    V = 5
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3 * 2, V, generator=g, dtype=torch.float64).requires_grad_()
+    loss = seqloss.rnnt_loss_packed(x, [[0], [1]], [0, 3], [1, 1], reduction="none",
+                                    backend=backend)
+    want = brute_force_rnnt(x.detach().reshape(3, 2, V).log_softmax(-1), [1], blank=V - 1)
+    assert loss[0].item() == float("inf")
+    torch.testing.assert_close(loss[1], want, rtol=1e-12, atol=1e-12)
+    loss[1].backward()
+    xb = x.detach().reshape(3, 2, V).clone().requires_grad_()
+    (gb,) = torch.autograd.grad(brute_force_rnnt(xb.log_softmax(-1), [1], blank=V - 1), xb)
+    torch.testing.assert_close(x.grad, gb.reshape(6, V), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+@pytest.mark.parametrize("loss_name", ["rnnt", "tdt", "multiblank"])
+def test_logits_without_frames(backend, loss_name):
+    """T = 0: every sequence has zero frames: +inf each, 0 with zero_infinity, a backward."""
+    def call(x, **kw):  # noqa: ANN001, ANN003, ANN202
+        tg, il, tl = [[0, 1], [1, 0]], [0, 0], [2, 1]
+        if loss_name == "rnnt":
+            return seqloss.rnnt_loss(x, tg, il, tl, backend=backend, **kw)
+        if loss_name == "tdt":
+            return seqloss.tdt_loss(x, tg, il, tl, [0, 1], backend=backend, **kw)
+        return seqloss.multiblank_rnnt_loss(x, tg, il, tl, [2], backend=backend, **kw)
+    V = 7 if loss_name == "tdt" else 5
+    x = torch.randn(2, 0, 3, V, requires_grad=True)
+    assert call(x, reduction="none").tolist() == [float("inf")] * 2
+    loss = call(x, reduction="mean", zero_infinity=True)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert x.grad.shape == x.shape
+
+
+def test_packed_lengths_of_a_batch_of_one_as_0d_tensors():
+    V = 5
+    x = torch.randn(3 * 2, V, dtype=torch.float64)
+    want = seqloss.rnnt_loss_packed(x, [[0]], [3], [1])
+    for il, tl in ((torch.tensor(3), torch.tensor(1)), (torch.tensor([[3]]), torch.tensor([[1]])),
+                   (np.array(3), np.array(1))):
+        torch.testing.assert_close(seqloss.rnnt_loss_packed(x, [[0]], il, tl), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("loss_name", ["rnnt", "tdt", "multiblank"])
+def test_empty_batch_with_list_targets(loss_name):
+    x = torch.zeros(0, 3, 2, 7, requires_grad=True)
+    if loss_name == "rnnt":
+        loss = seqloss.rnnt_loss(x, [], [], [])
+    elif loss_name == "tdt":
+        loss = seqloss.tdt_loss(x, [], [], [], [0, 1])
+    else:
+        loss = seqloss.multiblank_rnnt_loss(x, [], [], [], [2])
+    assert loss.item() == 0.0
+    loss.backward()
+    assert x.grad.shape == x.shape

@@ -46,7 +46,7 @@ def transducer_inputs(
     il = as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = as_index_tensor(target_lengths, "target_lengths", device)
     if packed:
-        if il.dim() > 1 and il.numel() == 1:
+        if il.dim() != 1 and il.numel() == 1:  # 0-D or (1, 1): a batch of one
             il = il.reshape(1)
         check_ndim(il, "logit_lengths", (1,), "(B,)")
     B = logits.shape[0] if not packed else il.shape[0]
@@ -55,6 +55,8 @@ def transducer_inputs(
     if packed:
         check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
     else:
+        if B == 0 and tg.dim() == 1 and tg.numel() == 0:  # [] for an empty batch
+            tg = tg.reshape(0, 0)
         check_ndim(tg, "targets", (2,), "(B, U)")
     if tg.dim() == 2 and tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")

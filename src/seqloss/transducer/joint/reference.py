@@ -42,12 +42,12 @@ def _to_padded(logits: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torc
     out = logits.new_zeros((B, T, U1, logits.shape[-1]))
     off = _row_offsets(Tl, Ul).tolist()
     for b, (tb, ub) in enumerate(zip(Tl.tolist(), Ul.tolist())):
-        out[b, :tb, : ub + 1] = logits[off[b] : off[b] + tb * (ub + 1)].reshape(tb, ub + 1, -1)
+        out[b, :tb, : ub + 1] = logits[off[b] : off[b] + tb * (ub + 1)].reshape(tb, ub + 1, out.shape[-1])
     return out
 
 
 def _from_padded(grad: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torch.Tensor:
-    parts = [grad[b, :tb, : ub + 1].reshape(tb * (ub + 1), -1) for b, (tb, ub) in
+    parts = [grad[b, :tb, : ub + 1].reshape(tb * (ub + 1), grad.shape[-1]) for b, (tb, ub) in
              enumerate(zip(Tl.tolist(), Ul.tolist()))]
     if not parts:
         return grad.new_zeros((0, grad.shape[-1]))

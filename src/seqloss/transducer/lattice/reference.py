@@ -104,6 +104,11 @@ def transducer_lattice(
     """
     B, T, U1, Db = arc_blank.shape
     device, dt = arc_blank.device, arc_blank.dtype
+    if T == 0:  # every T_b = 0: no path (and no frame to index)
+        ll = torch.full((B,), NEG_INF, dtype=dt, device=device)
+        if not compute_occupations:
+            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        return ll, torch.zeros_like(arc_blank), torch.zeros_like(arc_emit)
     Tb = logit_lengths.to(device)[:, None]
     Ub = target_lengths.to(device)[:, None]
     bidx = torch.arange(B, device=device)[:, None]
