@@ -427,3 +427,16 @@ def test_empty_batch_with_list_targets(loss_name):
     assert loss.item() == 0.0
     loss.backward()
     assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("loss_name", ["ctc", "rnnt"])
+def test_empty_batch_none_reduction_backward_with_ones_like(loss_name):
+    """``ones_like`` of an empty loss may have a 0 stride: the backward must not read it."""
+    if loss_name == "ctc":
+        x = torch.zeros(5, 0, 4, requires_grad=True)
+        loss = seqloss.ctc_loss(x, torch.zeros(0, 2, dtype=torch.long), [], [], reduction="none")
+    else:
+        x = torch.zeros(0, 3, 2, 5, requires_grad=True)
+        loss = seqloss.rnnt_loss(x, torch.zeros(0, 1, dtype=torch.long), [], [], reduction="none")
+    (g,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
+    assert g.shape == x.shape

@@ -106,6 +106,28 @@ def test_nan_in_unread_entries_gets_zero_gradient(lattice_backend, bd, ed, can):
     assert (ga[unread_b.to(dev)] == 0).all() and (ge[unread_e.to(dev)] == 0).all()
 
 
+@pytest.mark.parametrize(("bd", "ed", "can"), DURATIONS)
+@pytest.mark.parametrize("bad", [NAN, float("inf")], ids=["nan", "inf"])
+def test_nan_or_inf_in_a_read_arc_poisons_that_sequence_only(lattice_backend, bd, ed, can, bad):
+    """NaN or +inf on a read arc: that sequence's log-likelihood and the occupations of
+    every arc a path may take are NaN (the reference's pattern: arcs leaving frames
+    ``t < T_b`` and landing within the lattice); the other sequences are unchanged."""
+    dev = device_for(lattice_backend)
+    ab, ae = _arcs(3, 4, 2, bd, ed, device=dev)
+    il, tl = torch.tensor([4, 4, 3]), torch.tensor([2, 1, 2])
+    clean = _run(ab, ae, il, tl, bd, ed, can, lattice_backend)
+    ab2 = ab.clone()
+    ab2[0, 0, 0, 0] = bad  # the first blank-like arc: on a path of sequence 0
+    got = _run(ab2, ae, il, tl, bd, ed, can, lattice_backend)
+    ref = _run(ab2.cpu(), ae.cpu(), il, tl, bd, ed, can, "reference")
+    assert torch.isnan(got[0][0])
+    for g, r, c in zip(got, ref, clean, strict=True):
+        assert torch.equal(torch.isnan(g[0]).cpu(), torch.isnan(r[0]))
+        assert torch.isnan(g[0]).any()
+        assert (g[0][~torch.isnan(g[0])] == 0).all()
+        torch.testing.assert_close(g[1:], c[1:], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_low_precision_against_float64(lattice_backend, dtype):
     dev = device_for(lattice_backend)

@@ -67,8 +67,8 @@ def _all_ones(g: Tensor) -> bool:
     # .item() of a CPU scalar is 0.2 us (of the 0-stride expand ``loss.sum()``'s backward
     # sends, 1.2 us), a CPU vector through numpy ~4 us, torch's ``(g == 1).all()`` ~9 us
     # (each a sync on CUDA).
-    if g.numel() == 1:
-        return g.item() == 1
+    if g.numel() <= 1:
+        return g.numel() == 0 or g.item() == 1
     if g.dim() == 1 and g.stride(0) == 0:  # one value, expanded: read it once
         return g.as_strided((), ()).item() == 1
     if checks.host_side(g) and g.dtype in (torch.float32, torch.float64):

@@ -286,11 +286,12 @@ def transducer_lattice(
                  (ab.numpy(), ae.numpy(), Tl, Ul, alpha.numpy(), beta.numpy(), ll.numpy(),
                   occ_b.numpy(), occ_e.numpy()),
                  range(B), order=Tl * (Ul + 1))
-        return ll, occ_b, occ_e
-    occ_b = torch.empty(ab.shape, dtype=occupation_dtype or ab.dtype)
-    occ_e = torch.empty(ae.shape, dtype=occupation_dtype or ae.dtype)
-    run_jobs(transducer_occupation_kernel,
-             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
-              ll.numpy(), occ_b.numpy(), occ_e.numpy()),
-             range(B), order=Tl * (Ul + 1))
+    else:
+        occ_b = torch.empty(ab.shape, dtype=occupation_dtype or ab.dtype)
+        occ_e = torch.empty(ae.shape, dtype=occupation_dtype or ae.dtype)
+        run_jobs(transducer_occupation_kernel,
+                 (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
+                  ll.numpy(), occ_b.numpy(), occ_e.numpy()),
+                 range(B), order=Tl * (Ul + 1))
     return ll, occ_b, occ_e
+

@@ -49,6 +49,9 @@ def lattice_impl(
         ab, ae, logit_lengths, target_lengths, tuple(blank_durations), tuple(emit_durations),
         compute_grad, emit_can_end,
     )
+    ll, ob, oe = _poison(ll, ob if compute_grad else None, oe if compute_grad else None,
+                         logit_lengths, target_lengths, blank_durations, emit_durations,
+                         emit_can_end)
     if compute_grad:
         # NaN in entries no path reads must not leak into the occupations (they are
         # exactly 0 there by the kernels' contract); the dtype is the input's.
@@ -57,6 +60,32 @@ def lattice_impl(
     else:
         ob, oe = arc_blank.new_empty(0), arc_emit.new_empty(0)
     return ll.to(acc), ob, oe
+
+
+def _poison(ll: Tensor, ob: Tensor | None, oe: Tensor | None, il: Tensor, tl: Tensor,
+            bd: list[int], ed: list[int], can: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """A sequence that reads NaN or ``+inf``: NaN log-likelihood and NaN occupations on
+    every arc a path may take (the reference's result; the kernels may give ``+inf`` or
+    zero occupations there). On CPU only when some sequence is such; on CUDA always
+    (a few small elementwise ops, no device-to-host sync)."""
+    bad = ~(ll < float("inf")) & (ll != float("-inf"))
+    if _validate.host_side(ll) and not bool(bad.any()):
+        return ll, ob, oe
+    ll = torch.where(bad, float("nan"), ll)
+    if ob is None:
+        return ll, ob, oe
+    T, U1 = ob.shape[1], ob.shape[2]
+    tt = torch.arange(T, device=ll.device)[None, :, None]
+    uu = torch.arange(U1, device=ll.device)[None, None, :]
+    Tb, Ub = il.to(ll.device)[:, None, None], tl.to(ll.device)[:, None, None]
+    seq = bad[:, None, None] & (tt < Tb)
+    # In place: the occupations are the kernel's own fresh tensors.
+    for i, d in enumerate(bd):
+        ob[..., i].masked_fill_(seq & (tt + d <= Tb) & (uu <= Ub), float("nan"))
+    for j, e in enumerate(ed):
+        lands = (tt + e <= Tb) if can else (tt + e < Tb)
+        oe[..., j].masked_fill_(seq & lands & (uu < Ub), float("nan"))
+    return ll, ob, oe
 
 
 lattice_op = torch.library.custom_op("seqloss::transducer_lattice", lattice_impl, mutates_args=())
