@@ -218,6 +218,32 @@ def test_neg_inf_is_a_valid_log_prob(ctc_backend):
     assert_close_budget(loss, ref, rtol=1e-10, what="loss")
 
 
+@pytest.mark.parametrize("mask", [-1e19, "finfo_min"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("fused", [False, True], ids=["log_probs", "fused"])
+def test_huge_finite_masks_are_exact(ctc_backend, mask, dtype, fused):
+    """A label masked with a huge finite value at some frames (``masked_fill(m,
+    finfo.min)``): the loss and gradient of the paths that remain, by brute force."""
+    device = device_for(ctc_backend)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 1, 4, generator=g, dtype=torch.float64)
+    x = x if fused else x.log_softmax(-1)
+    m = torch.finfo(dtype).min if mask == "finfo_min" else mask
+    x[2, 0, 1] = m  # label 1 at frame 2
+    x[4, 0, 0] = m  # blank at frame 4
+    x = x.to(dtype)
+    xd = x[:, 0].double().requires_grad_()
+    ref = brute_force_ctc(xd.log_softmax(-1) if fused else xd, [1, 2])
+    (gref,) = torch.autograd.grad(ref, xd)
+    xx = x.to(device).requires_grad_()
+    loss = seqloss.ctc_loss(xx, [[1, 2]], [6], [2], reduction="sum", backend=ctc_backend,
+                            fused_log_softmax=fused)
+    (gx,) = torch.autograd.grad(loss, xx)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(loss.double().cpu(), ref.detach(), rtol=tol, atol=tol)
+    torch.testing.assert_close(gx[:, 0].double().cpu(), gref, rtol=tol, atol=tol)
+
+
 def test_all_paths_masked_is_infeasible(ctc_backend):
     device = device_for(ctc_backend)
     logits, tg, il, tl = _batch(6, 1, 4, 2, seed=10, dtype=torch.float64)

@@ -793,6 +793,10 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
 # are dropped, which is below the sum's own rounding. Zero has exponent KNEG
 # (three KNEGs still add up without int64 overflow).
 KNEG = -(1 << 60)
+# Log-probabilities below this (-1e9 nats: masks such as ``finfo.min``) go to the
+# log-space sweep instead: their exponents, summed over up to 2**24 frames, must stay
+# far above KNEG (at -1e19 they overflowed int64 and gave a wrong gradient).
+_EXT_MIN_LP = -1e9
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -816,14 +820,15 @@ def _renorm(v, k):
 
 @njit(cache=True, error_model="numpy")
 def _ext_emissions(xr, lab, lse, em, ek):
-    """Extended-range emissions ``(em, ek)`` of one frame; False on a non-finite log-probability."""
+    """Extended-range emissions ``(em, ek)`` of one frame; False on a non-finite
+    log-probability or one below ``_EXT_MIN_LP`` (the caller then takes log space)."""
     nl = lab.shape[0]
     for j in range(nl):
         lp = xr[lab[j]] - lse
         if lp == NEG_INF:
             em[j] = 0.0
             ek[j] = KNEG
-        elif lp != lp or lp == INF:
+        elif lp != lp or lp == INF or lp < _EXT_MIN_LP:
             return False
         else:
             n = math.floor(lp * _LOG2E + 0.5)
