@@ -440,3 +440,34 @@ def test_empty_batch_none_reduction_backward_with_ones_like(loss_name):
         loss = seqloss.rnnt_loss(x, torch.zeros(0, 1, dtype=torch.long), [], [], reduction="none")
     (g,) = torch.autograd.grad(loss, x, grad_outputs=torch.ones_like(loss))
     assert g.shape == x.shape
+
+
+@pytest.mark.parametrize("form", [np.int64, np.int32, torch.tensor], ids=["np64", "np32", "tensor"])
+def test_blank_as_an_integral_scalar(form):
+    """torch takes a numpy integer or a 0-D integer tensor as ``blank``."""
+    x, tg, il, tl = _ctc_batch(C=5)
+    lp = x.log_softmax(-1)
+    want = F.ctc_loss(lp, tg, il, tl, blank=0, reduction="none")
+    torch.testing.assert_close(seqloss.ctc_loss(lp, tg, il, tl, blank=form(0), reduction="none"),
+                               want, rtol=1e-10, atol=1e-10)
+    xr, tgr, ilr, tlr = _rnnt_batch()
+    torch.testing.assert_close(seqloss.rnnt_loss(xr, tgr, ilr, tlr, blank=form(3)),
+                               seqloss.rnnt_loss(xr, tgr, ilr, tlr, blank=3), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="blank"):
+        seqloss.ctc_loss(lp, tg, il, tl, blank=torch.tensor(0.0))
+
+
+def test_all_empty_nested_targets():
+    """``[[], [], []]`` (all-silence utterances) is a padded ``(B, 0)`` batch, not floats."""
+    x, _, il, _ = _ctc_batch(B=3)
+    lp = x.log_softmax(-1)
+    zero = torch.zeros(3, dtype=torch.long)
+    want = F.ctc_loss(lp, torch.zeros(3, 0, dtype=torch.long), il, zero, reduction="none")
+    got = seqloss.ctc_loss(lp, [[], [], []], il, [0, 0, 0], reduction="none")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_length_beyond_int64_names_the_argument():
+    x, tg, _, tl = _ctc_batch(B=3)
+    with pytest.raises(seqloss.InputError, match=r"input_lengths\[0\]"):
+        seqloss.ctc_loss(x.log_softmax(-1), tg, [2**70, 4, 3], tl)

@@ -35,6 +35,19 @@ def _is_int(v: object) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
+def int_arg(x: object, name: str) -> int:
+    """An integral scalar argument (``blank``): a Python or numpy int, or a 0-D integer
+    tensor (as torch accepts), as an ``int``."""
+    if isinstance(x, (bool, np.bool_)):
+        raise InputTypeError(f"{name} must be an int, got bool")
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if (isinstance(x, torch.Tensor) and x.dim() == 0 and not x.dtype.is_floating_point
+            and not x.dtype.is_complex and x.dtype != torch.bool):
+        return int(x.item())
+    raise InputTypeError(f"{name} must be an int, got {type(x).__name__}")
+
+
 def as_index_tensor(
     x: object, name: str, device: torch.device, *, allow_scalar: bool = False
 ) -> torch.Tensor:
@@ -62,7 +75,11 @@ def as_index_tensor(
                 if isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() == 0:
                     continue
                 raise InputTypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
-        t = torch.tensor([int(v) for v in x], dtype=torch.int64)
+        vals = [int(v) for v in x]
+        for i, v in enumerate(vals):
+            if not -(2**63) <= v < 2**63:
+                raise InputError(f"{name}[{i}] = {v} does not fit in int64")
+        t = torch.tensor(vals, dtype=torch.int64)
     else:
         raise InputTypeError(
             f"{name} must be an int32/int64 tensor, a numpy integer array or a sequence "
@@ -188,6 +205,8 @@ def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
                     f"concatenated 1-D ids"
                 ) from None
             raise InputTypeError(f"targets must hold ints: {e}") from None
+        if t.numel() == 0 and t.dtype.is_floating_point:  # [[], []]: no id, no dtype
+            t = t.to(torch.int64)
         if t.dtype not in INDEX_DTYPES:
             raise InputTypeError(f"targets must hold ints, got {t.dtype}")
         return t.to(device=device, dtype=torch.int64)

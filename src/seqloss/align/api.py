@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
-from .._core.errors import InputError, InputTypeError
+from .._core.errors import InputError
 from .._core.types import IntsLike
 from ..ctc.checks import ctc_inputs, ctc_values
 
@@ -104,6 +104,7 @@ def ctc_align(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: no autograd (results are detached), deterministic.
     """
+    blank = checks.int_arg(blank, "blank")
     lp, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
     )
@@ -199,8 +200,7 @@ def rnnt_align(
     tl = checks.as_index_tensor(target_lengths, "target_lengths", device)
     il = checks.check_batch(il, "logit_lengths", B)
     tl = checks.check_batch(tl, "target_lengths", B)
-    if isinstance(blank, bool) or not isinstance(blank, int):
-        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
+    blank = checks.int_arg(blank, "blank")
     if V == 0 or U1 == 0:
         raise InputError(f"logits must have U+1 >= 1 and V >= 1, got shape {tuple(logits.shape)}")
     if not -V <= blank < V:

@@ -76,6 +76,7 @@ def ctc_loss(
     """
     checks.check_float_tensor(log_probs, "log_probs")
     checks.check_reduction(reduction)
+    blank = checks.int_arg(blank, "blank")
     log_probs, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
     )

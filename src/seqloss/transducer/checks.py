@@ -13,6 +13,7 @@ from .._core.checks import (
     check_ids,
     check_lengths,
     check_ndim,
+    int_arg,
     pad_targets,
 )
 from .._core.errors import InputError, InputTypeError
@@ -60,8 +61,7 @@ def transducer_inputs(
         check_ndim(tg, "targets", (2,), "(B, U)")
     if tg.dim() == 2 and tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
-    if isinstance(blank, bool) or not isinstance(blank, int):
-        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
+    blank = int_arg(blank, "blank")
     V = logits.shape[-1]
     if V == 0:
         raise InputError("logits must have at least one class (V >= 1)")
@@ -152,9 +152,7 @@ def check_durations(durations: object, name: str) -> tuple[int, ...]:
 
 def resolve_token_blank(blank: object, V: int, what: str = "V") -> int:
     """``blank`` in ``[-V, V)`` as an index in ``[0, V)`` (``-1``: ``V - 1``)."""
-    if isinstance(blank, bool) or not isinstance(blank, (int, np.integer)):
-        raise InputTypeError(f"blank must be an int, got {type(blank).__name__}")
-    blank = int(blank)
+    blank = int_arg(blank, "blank")
     if V < 1:
         raise InputError(f"logits must have at least one token class ({what} >= 1), got {what} = {V}")
     if not -V <= blank < V:
