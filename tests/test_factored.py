@@ -641,3 +641,39 @@ def test_registry_entry_diagnose_and_bench():
     rows = bench_pruned.run(bench_pruned.cases("tiny"), repeat=1, memory=False, log=None)
     assert {r["impl"] for r in rows} >= {"seqloss pipeline", "seqloss full-joint"}
     assert any(p["peer"] == "seqloss full-joint" for p in bench_pruned.pair_rows(rows))
+
+
+@pytest.mark.parametrize("loss_name", ["simple", "smoothed", "pruned"])
+def test_zero_infinity(loss_name):
+    """A sequence without frames (boundary end_frame 0): +inf, or 0 with zero_infinity;
+    zero gradient either way; the other sequences unchanged."""
+    am, lm, symbols = _inputs(B=2, T=5, S=3, C=6, seed=12)
+    bnd = torch.tensor([[0, 0, 3, 5], [0, 0, 2, 0]])
+    S = symbols.shape[1]
+    ranges = torch.arange(S + 1).expand(2, 5, S + 1).contiguous()
+
+    def run(zi):  # noqa: ANN001, ANN202
+        a = am.detach().clone().requires_grad_()
+        m = lm.detach().clone().requires_grad_()
+        if loss_name == "simple":
+            loss = rnnt_loss_simple(m, a, symbols, 0, boundary=bnd, reduction="none",
+                                    zero_infinity=zi)
+        elif loss_name == "smoothed":
+            loss = rnnt_loss_smoothed(m, a, symbols, 0, boundary=bnd, reduction="none",
+                                      zero_infinity=zi)
+        else:
+            am_p, lm_p = do_rnnt_pruning(a, m, ranges)
+            loss = rnnt_loss_pruned(am_p + lm_p, symbols, ranges, 0, boundary=bnd,
+                                    reduction="none", zero_infinity=zi)
+        ga, gm = torch.autograd.grad(loss[0] + torch.where(loss[1].isinf(), 0.0, loss[1]),
+                                     (a, m))
+        return loss.detach(), ga, gm
+
+    plain, ga0, gm0 = run(False)
+    zeroed, ga1, gm1 = run(True)
+    assert plain[1].item() == float("inf") and zeroed[1].item() == 0.0
+    assert torch.equal(plain[0], zeroed[0]) and torch.isfinite(plain[0])
+    assert torch.equal(ga0, ga1) and torch.equal(gm0, gm1)
+    assert (ga1[1] == 0).all()
+    if loss_name != "smoothed":  # there lm[1] enters every loss through the batch's unigram
+        assert (gm1[1] == 0).all()

@@ -69,6 +69,8 @@ def _shifts(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _all_finite(x: Tensor) -> bool:
+    if x.numel() == 0:
+        return True
     lo, hi = torch.aminmax(x)
     return bool(lo > -_INF) and bool(hi < _INF)  # False for NaN too
 
@@ -168,8 +170,12 @@ def logmmexp_forward(a: Tensor, b: Tensor, compute_grad: bool) -> tuple[Tensor, 
     if bool(lo >= math.exp(_LOG_THR[S.dtype])) and bool(hi < _INF):
         return out, saved  # the common case: every entry exact as it is
     ok = _ok(S)
-    # A row of a or a column of b that is all -inf: those entries are exactly -inf.
-    dead = (a.amax(dim=2, keepdim=True) == -_INF) | (b.amax(dim=1, keepdim=True) == -_INF)
+    # A row of a or a column of b that is all -inf: those entries are exactly -inf,
+    # unless the other side holds NaN or +inf (-inf + NaN and -inf + inf are NaN).
+    a_bad = ((a != a) | (a == _INF)).any(dim=2, keepdim=True)
+    b_bad = ((b != b) | (b == _INF)).any(dim=1, keepdim=True)
+    dead = (((a.amax(dim=2, keepdim=True) == -_INF) & ~b_bad)
+            | ((b.amax(dim=1, keepdim=True) == -_INF) & ~a_bad))
     out.masked_fill_(dead, -_INF)
     ok |= dead
     if a.dtype == torch.float32 and not bool(ok.all()):
@@ -249,8 +255,14 @@ def logmmexp_backward(
                 torch.zeros_like(b) if need_b else b.new_empty(0))
     if saved:
         ea, eb, s, t, S = saved
-        # The forward scaled eb (max exactly 2^lam > 1) or left it unscaled (max <= 1).
-        lam = _flush(a.dtype, K)[1] if float(eb.amax()) > 1 else 0
+        # The forward scaled eb by 2^lam or not at all. Scaled, every column with a
+        # finite maximum holds exactly 2^lam (its max's exp(0) = 1, scaled); unscaled,
+        # such entries are <= 1. Asked by equality: NaN in one batch item must not hide
+        # the scale (``eb.amax() > 1`` did, and every other item's gradient came out
+        # 2^lam off). The saved tensors stay five: a compiled graph cached by an older
+        # version must not meet a different count.
+        lam = _flush(a.dtype, K)[1]
+        lam = lam if lam and bool((eb == 2.0 ** lam).any()) else 0
     else:
         s, t = _shifts(a, b)
         S, ea, eb, lam = _shifted(a, b, s, t)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .._core.dispatch import kernel_module
-from .._core.ops import _acc_dtype, _is_traced
+from .._core.ops import _acc_dtype, _is_traced, conform_layout
 
 
 def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> list[Tensor]:
@@ -26,7 +26,10 @@ def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> lis
     unless ``compute_grad``)."""
     acc = _acc_dtype(a.dtype)
     kern = kernel_module("logmm", backend)
-    out, saved = kern.logmmexp_forward(a.detach().to(acc), b.detach().to(acc), compute_grad)
+    # Contiguous operands: the saved factors then have the strides the fake kernel
+    # promises (a transposed b, as the simple loss passes, gave permuted ones).
+    out, saved = kern.logmmexp_forward(a.detach().to(acc).contiguous(),
+                                       b.detach().to(acc).contiguous(), compute_grad)
     return [out, *saved]
 
 
@@ -41,8 +44,9 @@ def logmmexp_backward_impl(
         g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach(),
         [x.detach() for x in saved], need_a, need_b,
     )
-    ga = ga.to(a.dtype) if need_a else a.new_empty(0)
-    gb = gb.to(b.dtype) if need_b else b.new_empty(0)
+    # The layout the fake kernel promises (``empty_like`` of the operand).
+    ga = conform_layout(ga.to(a.dtype), a) if need_a else a.new_empty(0)
+    gb = conform_layout(gb.to(b.dtype), b) if need_b else b.new_empty(0)
     return ga, gb
 
 

@@ -104,13 +104,17 @@ def _factored_inputs(lm: Tensor, am: Tensor, symbols: object, termination_symbol
 
 
 def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Optional[Tensor], dp: float,
-            T: int, S: int, reduction: str, return_grad: bool, name: str, validate: bool
-            ) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
+            T: int, S: int, reduction: str, return_grad: bool, name: str, validate: bool,
+            zero_infinity: bool = False) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
     if dp != 0.0:
         emit = emit + arcs.delay_penalty_term(dp, lens, T, emit.dtype)
     ll, oe, ob = arcs.run_lattice(emit, blank, lens, rt, bnd is not None, name, validate,
                                   bool(return_grad))
-    loss = _reduce(-ll, reduction, lens)
+    nll = -ll
+    if zero_infinity:
+        # No path: 0 instead of +inf; its gradient (the occupations) is already 0.
+        nll = torch.where(nll == float("inf"), 0.0, nll)
+    loss = _reduce(nll, reduction, lens)
     if return_grad:
         return loss, _grads(oe, ob, S, rt)
     return loss
@@ -137,6 +141,7 @@ def rnnt_loss_simple(
     reduction: str = "mean",
     return_grad: bool = False,
     *,
+    zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
 ) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
@@ -160,6 +165,8 @@ def rnnt_loss_simple(
             (``d(-loss_b)/d px``, ``d(-loss_b)/d py`` of the ``"none"`` losses):
             ``px_grad (B, S, T + 1)`` (regular; its column ``T`` is 0) or ``(B, S, T)``,
             ``py_grad (B, S + 1, T)``, for ``get_rnnt_prune_ranges``.
+        zero_infinity: a sequence with no path (e.g. ``T_b = 0``) gets loss 0 instead
+            of ``+inf`` (its gradient is 0 either way).
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
         validate: check the values of ``boundary`` and ``symbols`` (a device sync on
             CUDA); ``False`` skips every value read.
@@ -174,7 +181,7 @@ def rnnt_loss_simple(
     lm, am = _unpadded(lm, am, lens, bnd)
     emit, blank = arcs.simple_arcs(lm, am, sym_ext, term, rt, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
-                   bool(validate))
+                   bool(validate), bool(zero_infinity))
 
 
 def rnnt_loss_smoothed(
@@ -190,6 +197,7 @@ def rnnt_loss_smoothed(
     reduction: str = "mean",
     return_grad: bool = False,
     *,
+    zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
 ) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
@@ -205,7 +213,7 @@ def rnnt_loss_smoothed(
 
     Args:
         lm, am, symbols, termination_symbol, boundary, rnnt_type, delay_penalty,
-        reduction, return_grad, backend, validate: as ``rnnt_loss_simple``.
+        reduction, return_grad, zero_infinity, backend, validate: as ``rnnt_loss_simple``.
         lm_only_scale: weight of the LM-only scores.
         am_only_scale: weight of the AM-only (unigram-LM) scores.
     """
@@ -218,7 +226,7 @@ def rnnt_loss_smoothed(
     lm, am = _unpadded(lm, am, lens, bnd)
     emit, blank = arcs.smoothed_arcs(lm, am, sym_ext, term, rt, ls, as_, lens, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
-                   bool(validate))
+                   bool(validate), bool(zero_infinity))
 
 
 def rnnt_loss_pruned(
@@ -231,6 +239,7 @@ def rnnt_loss_pruned(
     delay_penalty: float = 0.0,
     reduction: str = "mean",
     *,
+    zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
@@ -246,8 +255,8 @@ def rnnt_loss_pruned(
         logits: ``(B, T, s_range, C)`` unnormalized joiner output (log-softmax'd here).
         symbols: ``(B, S)`` int64 symbols.
         ranges: ``(B, T, s_range)`` int64 window positions, ``0 <= r <= S + 1 - s_range``.
-        termination_symbol, boundary, rnnt_type, delay_penalty, reduction, backend,
-        validate: as ``rnnt_loss_simple`` (``validate`` also checks ``ranges``).
+        termination_symbol, boundary, rnnt_type, delay_penalty, reduction, zero_infinity,
+        backend, validate: as ``rnnt_loss_simple`` (``validate`` also checks ``ranges``).
             ``s_range`` must be ``>= 2`` for the regular and constrained topologies
             when a sequence has a symbol (``InputError`` naming it).
     """
@@ -279,7 +288,8 @@ def rnnt_loss_pruned(
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, bool(validate))
     logits = logits.to(arcs.compute_dtype(logits.dtype))
     emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt)
-    return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, bool(validate))
+    return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, bool(validate),
+                   bool(zero_infinity))
 
 
 for _f in (rnnt_loss_simple, rnnt_loss_smoothed, rnnt_loss_pruned):
