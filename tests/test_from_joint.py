@@ -190,6 +190,25 @@ def test_plain_callable_joint_and_retain_graph():
         torch.testing.assert_close(a, 2 * b, rtol=1e-9, atol=1e-9)
 
 
+def test_torch_compile_runs_it_eagerly_and_fullgraph_says_why():
+    """Inside a compiled model the loss is a graph break (eager, same values and
+    gradients); ``fullgraph=True`` raises the compiler's error naming the reason."""
+    joint, enc, pred, tg, Tl, tl = _case()
+    want = seqloss.rnnt_loss_from_joint(enc, pred, joint, tg, Tl, tl) * 2
+    gw = _grads(want, joint, enc, pred)
+    torch._dynamo.reset()
+    f = torch.compile(lambda e, p: seqloss.rnnt_loss_from_joint(e, p, joint, tg, Tl, tl) * 2)
+    got = f(enc, pred)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(_grads(got, joint, enc, pred), gw, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch._dynamo.reset()
+    g = torch.compile(lambda e, p: seqloss.rnnt_loss_from_joint(e, p, joint, tg, Tl, tl),
+                      fullgraph=True)
+    with pytest.raises(Exception, match="losses from the joint network run eagerly"):
+        g(enc, pred)
+
+
 # --------------------------------------------------------------------------- variants
 MB = {"big_blank_durations": [2, 3]}
 

@@ -695,9 +695,10 @@ _DOC = r"""
     (the forward's autocast state is re-entered for the recomputation; the
     normalizers, the lattice and the gradient are float32). Memory beyond the
     inputs' own gradients: O(B T (U+1) (arcs + D)) small tensors and one tile,
-    never O(B T U V). ``retain_graph=True`` allows a second backward. Eager only:
-    not supported under ``torch.compile`` (the joint is called from inside an
-    ``autograd.Function``), and double backward raises.
+    never O(B T U V). ``retain_graph=True`` allows a second backward; double backward
+    raises. Under ``torch.compile`` it runs eagerly, as a graph break (the joint is
+    called again from inside the backward of an ``autograd.Function``, which the
+    compiler cannot trace); with ``fullgraph=True`` the compiler says so.
 """
 
 rnnt_loss_from_joint.__doc__ = r"""RNN-T loss from the joint network, never materialized.
@@ -719,6 +720,14 @@ tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materia
     len(durations)`` duration logits. Equals :func:`seqloss.tdt_loss` on the
     materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
     ``reduction``, ``zero_infinity`` as there).""" + _DOC
+
+_EAGER = ("seqloss's losses from the joint network run eagerly: the joint is re-run inside "
+          "their backward pass, which torch.compile cannot trace (compile without "
+          "fullgraph=True for a graph break here)")
+rnnt_loss_from_joint = torch.compiler.disable(rnnt_loss_from_joint, reason=_EAGER)
+multiblank_rnnt_loss_from_joint = torch.compiler.disable(multiblank_rnnt_loss_from_joint,
+                                                         reason=_EAGER)
+tdt_loss_from_joint = torch.compiler.disable(tdt_loss_from_joint, reason=_EAGER)
 
 __all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA",
            "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint", "tdt_loss_from_joint"]
