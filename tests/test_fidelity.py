@@ -471,3 +471,25 @@ def test_length_beyond_int64_names_the_argument():
     x, tg, _, tl = _ctc_batch(B=3)
     with pytest.raises(seqloss.InputError, match=r"input_lengths\[0\]"):
         seqloss.ctc_loss(x.log_softmax(-1), tg, [2**70, 4, 3], tl)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8], ids=str)
+def test_narrow_integer_lengths_and_targets_as_torch_takes_them(dtype):
+    x, tg, il, tl = _ctc_batch()
+    lp = x.log_softmax(-1)
+    want = F.ctc_loss(lp, tg, il, tl, reduction="none")
+    got = seqloss.ctc_loss(lp, tg.to(dtype), il.to(dtype), tl.to(dtype), reduction="none")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    xr, tgr, ilr, tlr = _rnnt_batch()
+    torch.testing.assert_close(seqloss.rnnt_loss(xr, tgr.to(dtype), ilr.to(dtype), tlr.to(dtype)),
+                               seqloss.rnnt_loss(xr, tgr, ilr, tlr), rtol=0, atol=0)
+
+
+def test_length_columns_as_torch_takes_them():
+    x, tg, il, tl = _ctc_batch()
+    lp = x.log_softmax(-1)
+    want = F.ctc_loss(lp, tg, il, tl, reduction="none")
+    got = seqloss.ctc_loss(lp, tg, il[:, None], tl[:, None], reduction="none")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    with pytest.raises(seqloss.InputError, match="input_lengths"):
+        seqloss.ctc_loss(lp, tg, il[None, :].expand(2, -1), tl)

@@ -19,6 +19,9 @@ from .types import REDUCTIONS, TRANSDUCER_REDUCTIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
+# Lengths and targets: any integer dtype torch's ctc_loss takes (int64 holds them all).
+LENGTH_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                 torch.uint16, torch.uint32)
 
 
 def check_float_tensor(x: object, name: str) -> torch.Tensor:
@@ -53,12 +56,13 @@ def as_index_tensor(
 ) -> torch.Tensor:
     """``x`` as an int64 tensor on ``device``.
 
-    Accepts int32/int64 tensors (any shape; the batch check reshapes), numpy integer
-    arrays, Python sequences of ints (numpy integer scalars and 0-D integer tensors
-    included) and, with ``allow_scalar``, a single int.
+    Accepts integer tensors (int32/int64, and the narrower ones torch takes; any
+    shape: the batch check reshapes), numpy integer arrays, Python sequences of ints
+    (numpy integer scalars and 0-D integer tensors included) and, with
+    ``allow_scalar``, a single int.
     """
     if isinstance(x, torch.Tensor):
-        if x.dtype not in INDEX_DTYPES:
+        if x.dtype not in LENGTH_DTYPES:
             raise InputTypeError(f"{name} must be an int32 or int64 tensor, got {x.dtype}")
         t = x
     elif isinstance(x, np.ndarray):
@@ -72,7 +76,7 @@ def as_index_tensor(
     elif isinstance(x, Sequence) and not isinstance(x, (str, bytes)):
         for i, v in enumerate(x):
             if not _is_int(v):
-                if isinstance(v, torch.Tensor) and v.dtype in INDEX_DTYPES and v.dim() == 0:
+                if isinstance(v, torch.Tensor) and v.dtype in LENGTH_DTYPES and v.dim() == 0:
                     continue
                 raise InputTypeError(f"{name}[{i}] must be an int, got {type(v).__name__}")
         vals = [int(v) for v in x]
@@ -96,11 +100,14 @@ def check_ndim(x: torch.Tensor, name: str, ndims: Sequence[int], what: str) -> N
 
 
 def check_batch(x: torch.Tensor, name: str, batch: int) -> torch.Tensor:
-    """``x`` as ``(batch,)``; a 0-D or ``(1, 1)`` tensor is accepted for a batch of one."""
+    """``x`` as ``(batch,)``; a 0-D or ``(1, 1)`` tensor is accepted for a batch of one,
+    and a ``(batch, 1)`` column for any batch (torch's ``ctc_loss`` takes both)."""
     if x.dim() == 1 and x.shape[0] == batch:
         return x
     if batch == 1 and x.numel() == 1 and x.dim() in (0, 2):
         return x.reshape(1)
+    if x.dim() == 2 and tuple(x.shape) == (batch, 1):
+        return x.reshape(batch)
     raise InputError(
         f"{name} must have shape ({batch},) (one entry per batch item), got {tuple(x.shape)}"
     )
@@ -185,9 +192,9 @@ def check_ids(
 
 
 def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
-    """``targets`` (int32/int64 tensor or a (nested) sequence of ints) as int64 on ``device``."""
+    """``targets`` (an integer tensor or a (nested) sequence of ints) as int64 on ``device``."""
     if isinstance(targets, torch.Tensor):
-        if targets.dtype not in INDEX_DTYPES:
+        if targets.dtype not in LENGTH_DTYPES:
             raise InputTypeError(f"targets must be an int32 or int64 tensor, got {targets.dtype}")
         if targets.dtype == torch.int64 and targets.device == device:
             return targets

@@ -182,6 +182,8 @@ def _check_values(targets, concat, il, tl, T, C, blank):
     for b in range(B):
         if concat:
             toff[b] = off
+            if off + tl[b] > width:  # the lengths overrun the ids: never read past them
+                return 3, toff
         for s in range(tl[b]):
             v = targets[0, off + s] if concat else targets[b, s]
             if v < 0 or v >= C or v == blank:
