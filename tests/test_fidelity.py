@@ -368,7 +368,7 @@ def test_incoming_gradient_forms_scale_the_saved_one(form):
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
 
 
-# ------------------------------------------------------------------ contract audit: zero frames, forms
+# ------------------------------------------------------------------ zero frames, argument forms
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_packed_with_a_zero_frame_sequence(backend):
     """Sequence 0 has no frame (no rows in the packed logits): +inf, the rest exact."""

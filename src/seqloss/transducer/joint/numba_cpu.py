@@ -456,7 +456,7 @@ def _forward_table(
         Tla, Ula = own_lines(np.asarray(Tl, dtype=i64)), own_lines(np.asarray(Ul, dtype=i64))
         run_jobs(_duration_job, (dur_logits.detach().numpy(), Tla, Ula, bool(fused_log_softmax),
                                  sd.numpy(), dur_bad),
-                 range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul)])
+                 range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:

@@ -42,7 +42,8 @@ def _to_padded(logits: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torc
     out = logits.new_zeros((B, T, U1, logits.shape[-1]))
     off = _row_offsets(Tl, Ul).tolist()
     for b, (tb, ub) in enumerate(zip(Tl.tolist(), Ul.tolist())):
-        out[b, :tb, : ub + 1] = logits[off[b] : off[b] + tb * (ub + 1)].reshape(tb, ub + 1, out.shape[-1])
+        rows = logits[off[b] : off[b] + tb * (ub + 1)]
+        out[b, :tb, : ub + 1] = rows.reshape(tb, ub + 1, out.shape[-1])  # tb may be 0
     return out
 
 
