@@ -103,6 +103,29 @@ SCRIPT = textwrap.dedent(
         out["rnnt_align"] = seqloss.rnnt_align(x, tg, il, tl, blank=0, backend=BK)
         out["rnnt_diagnose"] = json.dumps(seqloss.diagnose("rnnt", x, tg, il, tl, blank=0,
                                                            backend=BK).to_dict())
+        # The families built on the lattice and the joint (same pool, same kernels).
+        xm = x[..., :7]  # blank 6, big blank 5 (duration 2): labels below 5
+        tgm = tg.clamp(max=4)
+        out["multiblank"] = _grad(lambda y: seqloss.multiblank_rnnt_loss(
+            y, tgm, il, tl, [2], reduction="none", backend=BK), xm)
+        out["tdt"] = _grad(lambda y: seqloss.tdt_loss(y, tg.clamp(max=3), il, tl, [0, 1, 2],
+                                                      blank=4, reduction="none", backend=BK), x[..., :8])
+        ab, ae = x[..., :1].log_softmax(1), x[..., 1:2].log_softmax(1)
+        out["lattice"] = _grad(lambda y: seqloss.transducer_lattice(y, ae, il, tl, backend=BK), ab)
+        a3, b3 = x[:, :, 0, :], x[:, 0, :, :].transpose(1, 2)
+        out["logmmexp"] = _grad(lambda y: seqloss.logmmexp(y, b3, backend=BK), a3)
+        am, lm = x[:, :, 0, :], x[:, 0, :, :]  # (B, T, C), (B, U+1, C)
+        out["simple"] = _grad(lambda y: seqloss.rnnt_loss_simple(lm, y, tg, 0, reduction="none",
+                                                                 backend=BK), am)
+        _, (pxg, pyg) = seqloss.rnnt_loss_simple(lm, am, tg, 0, return_grad=True, backend=BK)
+        rng = seqloss.get_rnnt_prune_ranges(pxg, pyg, None, 3)
+        amp, lmp = seqloss.do_rnnt_pruning(am, lm, rng)
+        out["pruned"] = _grad(lambda y: seqloss.rnnt_loss_pruned(y, tg, rng, 0, reduction="none",
+                                                                 backend=BK), amp + lmp)
+        enc, pred = x[:, :, 0, :], x[:, 0, :, :]
+        out["from_joint"] = _grad(lambda y: seqloss.rnnt_loss_from_joint(
+            y, pred, lambda e, p: e[:, :, None] + p[:, None], tg, il, tl, blank=0,
+            reduction="none", backend=BK), enc)
         return out
 
 
