@@ -27,9 +27,11 @@ def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> lis
     acc = _acc_dtype(a.dtype)
     kern = kernel_module("logmm", backend)
     # Contiguous operands: the saved factors then have the strides the fake kernel
-    # promises (a transposed b, as the simple loss passes, gave permuted ones).
-    out, saved = kern.logmmexp_forward(a.detach().to(acc).contiguous(),
-                                       b.detach().to(acc).contiguous(), compute_grad)
+    # promises (a transposed b, as the simple loss passes, gave permuted ones). Autocast
+    # off: it would run the kernels' matmuls in bfloat16/float16.
+    with torch.autocast(a.device.type, enabled=False):
+        out, saved = kern.logmmexp_forward(a.detach().to(acc).contiguous(),
+                                           b.detach().to(acc).contiguous(), compute_grad)
     return [out, *saved]
 
 
@@ -40,10 +42,11 @@ def logmmexp_backward_impl(
     """``(grad_a, grad_b)`` in the inputs' dtypes; one not needed is returned empty."""
     acc = _acc_dtype(a.dtype)
     kern = kernel_module("logmm", backend)
-    ga, gb = kern.logmmexp_backward(
-        g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach(),
-        [x.detach() for x in saved], need_a, need_b,
-    )
+    with torch.autocast(a.device.type, enabled=False):
+        ga, gb = kern.logmmexp_backward(
+            g.detach().to(acc), a.detach().to(acc), b.detach().to(acc), out.detach(),
+            [x.detach() for x in saved], need_a, need_b,
+        )
     # The layout the fake kernel promises (``empty_like`` of the operand).
     ga = conform_layout(ga.to(a.dtype), a) if need_a else a.new_empty(0)
     gb = conform_layout(gb.to(b.dtype), b) if need_b else b.new_empty(0)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..._core.checks import host_side
+from ..._core.ops import _is_traced
 from ..lattice.op import call_lattice
 
 NEG_INF = float("-inf")
@@ -185,7 +187,11 @@ class _WindowLogProbs(torch.autograd.Function):
         ctx.term = term
         # A row holding NaN or +inf has a non-finite normalizer; only such rows can turn a
         # zero incoming gradient into NaN (0 * exp(NaN)), so only they are masked.
-        ctx.nonfinite_rows = not bool(torch.isfinite(lse).all()) if lse.numel() else False
+        # Under tracing (torch.compile) or on a device, always mask: no value read.
+        if lse.numel() and host_side(lse) and not _is_traced(lse):
+            ctx.nonfinite_rows = not bool(torch.isfinite(lse).all())
+        else:
+            ctx.nonfinite_rows = bool(lse.numel())
         return px, py
 
     @staticmethod

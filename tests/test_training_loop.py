@@ -1,0 +1,155 @@
+"""Every public loss inside a real training loop: inductor, autocast, retain_graph.
+
+Each case is a function of one float32 leaf ``x`` (the output of a model) returning a
+scalar loss, on the CPU backend. ``torch.compile`` with inductor (``fullgraph=True``;
+the losses from the joint are a graph break by design) must give eager's values and
+gradients; under ``torch.autocast("cpu", bfloat16)`` the model's output arrives in
+bfloat16 and the loss must be float32, finite, and close to float32's on the same rounded
+values; ``retain_graph`` must allow a second backward that adds the same gradient.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+import seqloss
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                reason="numba is not installed")
+
+B, T, U, V = 3, 6, 3, 9
+TG = torch.tensor([[1, 2, 3], [2, 3, 1], [3, 1, 2]])  # no repeats: CTC feasible in 4 frames
+IL, TL = torch.tensor([6, 5, 4]), torch.tensor([3, 2, 3])
+
+
+def _ctc(x):  # noqa: ANN001, ANN202  x (B, T, V): a transposed (T, B, V) view, as models give
+    return seqloss.ctc_loss(x.log_softmax(-1).transpose(0, 1), TG, IL, TL)
+
+
+def _ctc_fused(x):  # noqa: ANN001, ANN202
+    return seqloss.ctc_loss(x.transpose(0, 1), TG, IL, TL, fused_log_softmax=True)
+
+
+def _joint(x):  # noqa: ANN001, ANN202  (B, T, V) -> (B, T, U+1, V) logits
+    return x[:, :, None, :] + x[:, : U + 1, None, :].transpose(1, 2) * 0.5
+
+
+def _rnnt(x):  # noqa: ANN001, ANN202
+    return seqloss.rnnt_loss(_joint(x), TG, IL, TL, clamp=0.5)
+
+
+# The packed rows' positions in the padded joint (the model packs; not the loss's part).
+ROWS = torch.cat([((b * T + torch.arange(int(IL[b]))[:, None]) * (U + 1)
+                   + torch.arange(int(TL[b]) + 1)).reshape(-1) for b in range(B)])
+
+
+def _packed(x):  # noqa: ANN001, ANN202
+    rows = _joint(x).reshape(-1, V)[ROWS]
+    return seqloss.rnnt_loss_packed(rows, TG, IL, TL, reduction="sum")
+
+
+def _multiblank(x):  # noqa: ANN001, ANN202
+    return seqloss.multiblank_rnnt_loss(_joint(x), TG, IL, TL, [2, 3], reduction="mean_volume")
+
+
+def _tdt(x):  # noqa: ANN001, ANN202
+    return seqloss.tdt_loss(_joint(x), TG, IL, TL, [0, 1, 2], blank=5, omega=0.2)
+
+
+def _tdt_pair(x):  # noqa: ANN001, ANN202
+    j = _joint(x)
+    return seqloss.tdt_loss((j[..., :6], j[..., 6:]), TG, IL, TL, [0, 1, 2], blank=5)
+
+
+def _lattice(x):  # noqa: ANN001, ANN202
+    j = _joint(x).log_softmax(-1)
+    return -seqloss.transducer_lattice(j[..., :2], j[..., 2:4], IL, TL, (1, 2), (0, 1)).sum()
+
+
+def _logmmexp(x):  # noqa: ANN001, ANN202
+    # Not a loss: the result has the input's dtype (bfloat16 under autocast).
+    return seqloss.logmmexp(x, x.transpose(1, 2)).float().logsumexp((-1, -2)).sum()
+
+
+def _simple(x):  # noqa: ANN001, ANN202
+    return seqloss.rnnt_loss_simple(x[:, : U + 1] * 0.5, x, TG, 0)
+
+
+def _smoothed(x):  # noqa: ANN001, ANN202
+    return seqloss.rnnt_loss_smoothed(x[:, : U + 1] * 0.5, x, TG, 0, rnnt_type="modified")
+
+
+RANGES = torch.stack([torch.clamp(torch.arange(T) // 2, max=U - 1)] * B)[..., None] + torch.arange(2)
+
+
+def _pruned(x):  # noqa: ANN001, ANN202
+    am, lm = seqloss.do_rnnt_pruning(x, x[:, : U + 1] * 0.5, RANGES)
+    return seqloss.rnnt_loss_pruned(am + lm, TG, RANGES, 0)
+
+
+def _from_joint(x):  # noqa: ANN001, ANN202
+    return seqloss.rnnt_loss_from_joint(x, x[:, : U + 1] * 0.5,
+                                        lambda e, p: e[:, :, None] + p[:, None], TG, IL, TL)
+
+
+CASES = {f.__name__[1:]: f for f in (_ctc, _ctc_fused, _rnnt, _packed, _multiblank, _tdt,
+                                     _tdt_pair, _lattice, _logmmexp, _simple, _smoothed,
+                                     _pruned, _from_joint)}
+
+
+def _x(dtype=torch.float32):  # noqa: ANN202
+    return torch.randn(B, T, V, generator=torch.Generator().manual_seed(1), dtype=dtype)
+
+
+def _value_and_grad(f, x):  # noqa: ANN001, ANN202
+    x = x.detach().clone().requires_grad_()
+    loss = f(x)
+    (g,) = torch.autograd.grad(loss, x)
+    return loss.detach(), g
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in ("ctc", "rnnt")])
+def test_inductor_matches_eager(name):
+    """(CTC and RNN-T on inductor: ``test_fidelity.py``.)"""
+    f = CASES[name]
+    torch._dynamo.reset()
+    cf = torch.compile(f, backend="inductor", fullgraph=name != "from_joint")
+    want = _value_and_grad(f, _x())
+    got = _value_and_grad(cf, _x())
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bfloat16_autocast(name):
+    """A model's output under autocast (a Linear: bfloat16) into the loss."""
+    f = CASES[name]
+    lin = torch.nn.Linear(V, V)
+    with torch.no_grad():
+        lin.weight.copy_(torch.eye(V))
+        lin.bias.zero_()
+    x = _x().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(x)
+        assert y.dtype == torch.bfloat16
+        loss = f(y)
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    loss.backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(lin.weight.grad).all()
+    want, gw = _value_and_grad(f, x.detach().bfloat16().float())
+    torch.testing.assert_close(loss.detach(), want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.grad, gw, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_retain_graph_second_backward(name):
+    f = CASES[name]
+    x = _x().requires_grad_()
+    loss = f(x)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * first, rtol=1e-6, atol=1e-7)
