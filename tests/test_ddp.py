@@ -65,3 +65,89 @@ def test_ddp_two_ranks_match_single_process(tmp_path):
     assert moved > 1e-2  # the runs trained: equality is not trivial
     torch.testing.assert_close(torch.tensor(ddp["losses"]), torch.tensor(single["losses"]),
                                rtol=1e-5, atol=1e-6)
+
+
+DDP_LOSSES = r'''
+import os, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+import seqloss
+
+B, T, U, V, H = 4, 6, 3, 9, 5
+g = torch.Generator().manual_seed(0)
+FEAT = torch.randn(B, T, H, generator=g)
+TG = torch.tensor([[1, 2, 3], [2, 3, 1], [3, 1, 2], [1, 3, 2]])
+IL, TL = torch.tensor([6, 5, 4, 6]), torch.tensor([3, 2, 3, 1])
+
+
+def joint(x):  # (b, T, V) -> (b, T, U+1, V)
+    return x[:, :, None, :] + x[:, : U + 1, None, :].transpose(1, 2) * 0.5
+
+
+CASES = {
+    "ctc": lambda x, s: seqloss.ctc_loss(x.log_softmax(-1).transpose(0, 1), TG[s], IL[s], TL[s],
+                                         reduction="sum"),
+    "rnnt": lambda x, s: seqloss.rnnt_loss(joint(x), TG[s], IL[s], TL[s], reduction="sum"),
+    "multiblank": lambda x, s: seqloss.multiblank_rnnt_loss(joint(x), TG[s], IL[s], TL[s], [2],
+                                                            reduction="sum"),
+    "tdt": lambda x, s: seqloss.tdt_loss(joint(x), TG[s], IL[s], TL[s], [0, 1, 2], blank=5,
+                                         reduction="sum"),
+    "lattice": lambda x, s: -seqloss.transducer_lattice(
+        joint(x).log_softmax(-1)[..., :1], joint(x).log_softmax(-1)[..., 1:2], IL[s], TL[s]).sum(),
+    "simple": lambda x, s: seqloss.rnnt_loss_simple(x[:, : U + 1] * 0.5, x, TG[s], 0,
+                                                    reduction="sum"),
+    "from_joint": lambda x, s: seqloss.rnnt_loss_from_joint(
+        x, x[:, : U + 1] * 0.5, lambda e, p: e[:, :, None] + p[:, None], TG[s], IL[s], TL[s],
+        reduction="sum"),
+}
+
+
+def grads(model, name, s):
+    model.zero_grad()
+    CASES[name](model(FEAT[s]), s).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def main(out, empty):
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.manual_seed(1)
+    model = torch.nn.Linear(H, V)
+    if world == 1:
+        torch.save({n: grads(model, n, slice(0, B)) for n in CASES}, out)
+        return
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ddp = DDP(model)
+    # Rank 0 takes the first half (all of it with "empty"), rank 1 the rest (nothing).
+    cut = B if empty == "1" else B // 2
+    s = slice(0, cut) if rank == 0 else slice(cut, B)
+    res = {n: [g * world for g in grads(ddp, n, s)] for n in CASES}  # DDP averages
+    if rank == 0:
+        torch.save(res, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
+'''
+
+
+@pytest.mark.parametrize("empty", [False, True], ids=["halves", "one_rank_without_data"])
+def test_ddp_every_loss_family(tmp_path, empty):
+    """Two gloo ranks, each a shard of one batch (or one rank without any data): the
+    all-reduced gradient of every loss family equals one process's on the whole batch."""
+    script = tmp_path / "ddp_losses.py"
+    script.write_text(DDP_LOSSES)
+    flag = "1" if empty else "0"
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+          "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(script),
+          str(tmp_path / "ddp.pt"), flag], tmp_path)
+    _run([sys.executable, str(script), str(tmp_path / "one.pt"), flag], tmp_path)
+    ddp, one = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "one.pt")
+    assert ddp.keys() == one.keys()
+    for name in one:
+        for a, b in zip(ddp[name], one[name], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+        assert any(bool(b.abs().max() > 0) for b in one[name]), name
