@@ -506,9 +506,6 @@ def test_errors():
         simple(symbols=bad)
     with pytest.raises(InputError, match="termination_symbol"):
         simple(termination_symbol=C)
-    with pytest.raises(InputError, match=r"batch item 2.*T < S"):
-        simple(rnnt_type="modified",
-               boundary=torch.tensor([[0, 0, S, T], [0, 0, S, T], [0, 0, S, 2]]))
     with pytest.raises(InputError, match="lm.size.0"):
         simple(lm=lm[:2])
     with pytest.raises(InputError, match="symbols must have shape"):
@@ -677,3 +674,21 @@ def test_zero_infinity(loss_name):
     assert (ga1[1] == 0).all()
     if loss_name != "smoothed":  # there lm[1] enters every loss through the batch's unigram
         assert (gm1[1] == 0).all()
+
+
+@pytest.mark.parametrize("rnnt_type", ["modified", "constrained"])
+def test_fewer_frames_than_symbols_is_an_impossible_alignment(rnnt_type):
+    """One symbol per frame at most: T_b < S_b has no path: +inf (0 with zero_infinity)
+    and zero gradient, the other sequences as without it (k2 asserts instead)."""
+    am, lm, symbols = _inputs(B=2, T=5, S=3, C=6, seed=13)
+    bnd = torch.tensor([[0, 0, 3, 5], [0, 0, 3, 2]])
+    for zi in (False, True):
+        a = am.detach().clone().requires_grad_()
+        loss = rnnt_loss_simple(lm, a, symbols, 0, boundary=bnd, rnnt_type=rnnt_type,
+                                reduction="none", zero_infinity=zi)
+        assert loss[1].item() == (0.0 if zi else float("inf"))
+        (g,) = torch.autograd.grad(loss[0], a)
+        assert (g[1] == 0).all()
+        want = rnnt_loss_simple(lm[:1], am[:1], symbols[:1], 0, boundary=bnd[:1],
+                                rnnt_type=rnnt_type, reduction="none")
+        torch.testing.assert_close(loss[:1], want, rtol=0, atol=0)
