@@ -329,3 +329,19 @@ def test_memory_is_bounded_by_the_tile():
     extra_mb, loss = out.stdout.split()
     assert float(loss) == float(loss)  # finite, not NaN
     assert float(extra_mb) < 300, out.stdout  # the materialized logits alone: 1060 MB
+
+
+@pytest.mark.parametrize("empty", ["batch", "frames"])
+def test_no_tile_still_gives_every_parameter_a_gradient(empty):
+    """An empty batch (or every T_b = 0) runs no tile; the joint's parameters still get a
+    gradient (zero), so a data-parallel rank without data joins the reduction."""
+    joint, enc, pred, tg, Tl, tl = _case()
+    if empty == "batch":
+        enc, pred, tg = enc[:0].detach().requires_grad_(), pred[:0].detach().requires_grad_(), tg[:0]
+        Tl, tl = Tl[:0], tl[:0]
+    else:
+        Tl = torch.zeros_like(Tl)
+    loss = seqloss.rnnt_loss_from_joint(enc, pred, joint, tg, Tl, tl, zero_infinity=True)
+    grads = torch.autograd.grad(loss, [enc, pred, *joint.parameters()])
+    assert loss.item() == 0.0
+    assert all(g is not None and (g == 0).all() for g in grads)

@@ -455,6 +455,12 @@ class _FromJoint(torch.autograd.Function):
                     if need_p and p_u.grad is not None:
                         gp[b0:b1, u0:u1] += p_u.grad  # type: ignore[index]
                 del logits, g
+        # A parameter no tile reached (an empty batch, no frame anywhere) gets a zero
+        # gradient, not None: a data-parallel rank without data must still reduce every
+        # parameter's gradient with the others.
+        for i in want:
+            if gparams[i] is None:
+                gparams[i] = torch.zeros_like(params[i])
         return (None, ge, gp, *gparams)
 
 
