@@ -212,3 +212,68 @@ def test_demo_without_matplotlib_prints_hint(monkeypatch, tmp_path):
     assert _demo.alignment_png(_demo_data.TinyCTC(), None, batch, tmp_path, console) is None
     assert "pip install seqloss[plot]" in console.export_text()
     assert not (tmp_path / "ctc_alignment.png").exists()
+
+
+# --------------------------------------------------------------------------- audit findings
+def _rnnt_file(**over):  # noqa: ANN003, ANN202
+    x = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(0))
+    d = dict(kind="rnnt", logits=x, targets=torch.tensor([[1, 2], [2, 0]]),
+             logit_lengths=torch.tensor([4, 3]), target_lengths=torch.tensor([2, 1]))
+    d.update(over)
+    return d
+
+
+def test_doctor_exits_1_on_an_inf_loss_the_lengths_allow(tmp_path, capsys):
+    """Every path masked (the blank at -inf): +inf although feasible by the lengths."""
+    x = _rnnt_file()["logits"].log_softmax(-1)
+    x[0, :, :, -1] = float("-inf")
+    torch.save(_rnnt_file(logits=x, fused_log_softmax=False), tmp_path / "inf.pt")
+    assert cli.main(["doctor", str(tmp_path / "inf.pt")]) == 1
+    assert "+inf loss though feasible" in capsys.readouterr().out
+
+
+def test_doctor_reads_numpy_lengths(tmp_path, capsys):
+    import numpy as np
+
+    torch.save(_rnnt_file(logit_lengths=np.array([4, 3]), target_lengths=np.array([2, 1],
+                                                                                  np.int32)),
+               tmp_path / "np.pt")
+    assert cli.main(["doctor", str(tmp_path / "np.pt")]) == 0
+    assert "all 2 sequences ok" in capsys.readouterr().out
+
+
+def test_doctor_checks_values_even_if_the_file_says_validate_false(tmp_path, capsys):
+    torch.save(_rnnt_file(target_lengths=torch.tensor([5, 1]), validate=False), tmp_path / "v.pt")
+    assert cli.main(["doctor", str(tmp_path / "v.pt")]) == 1
+    assert "target_lengths[0] = 5" in capsys.readouterr().out
+
+
+def test_diagnose_ignores_inplace_grad_and_works_under_inference_mode():
+    import seqloss
+
+    d = _rnnt_file()
+    x = d["logits"].clone()
+    x[0, 1, 1, 2] = float("inf")
+    args = (d["targets"], d["logit_lengths"], d["target_lengths"])
+    want = str(seqloss.diagnose("rnnt", x, *args))
+    assert "+inf at frame 1" in want
+    assert str(seqloss.diagnose("rnnt", x.clone(), *args, inplace_grad=True)) == want
+    with torch.inference_mode():
+        got = str(seqloss.diagnose("rnnt", x.clone(), *(a.clone() for a in args)))
+    assert got == want
+
+
+def test_module_repr_with_numpy_durations():
+    import numpy as np
+
+    import seqloss
+
+    assert repr(seqloss.TDTLoss(np.array([0, 1, 2]))) == "TDTLoss(durations=array([0, 1, 2]))"
+    assert "big_blank_durations" in repr(seqloss.MultiBlankRNNTLoss(np.array([2, 3])))
+
+
+def test_rnnt_align_empty_batch_with_list_targets():
+    import seqloss
+
+    frames, scores = seqloss.rnnt_align(torch.randn(0, 3, 2, 4), [], [], [])
+    assert frames.shape[0] == 0 and scores.shape == (0,)

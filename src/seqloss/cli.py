@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -57,18 +58,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- doctor
+def _numpy_globals() -> list:
+    """numpy's array and scalar reconstructors and integer dtypes, for ``weights_only``."""
+    import numpy as np
+
+    core = getattr(np, "_core", None)
+    if core is None or not hasattr(core, "multiarray"):
+        core = np.core  # numpy < 2
+    ints = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+            np.bool_)
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,  # noqa: SLF001
+            *ints, *(type(np.dtype(t)) for t in ints)]
+
+
 def _load_args(path: str) -> dict | str:
     """The saved dict, or a one-line reason it cannot be used."""
     import torch
 
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        # weights_only: a file from elsewhere cannot run code; numpy arrays and scalars
+        # (lengths may be numpy arrays) are allowed as plain data.
+        with torch.serialization.safe_globals(_numpy_globals()):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         return f"cannot read {path}: no such file"
     except IsADirectoryError:
         return f"cannot read {path}: it is a directory"
     except Exception as e:  # noqa: BLE001 - any load failure is "unreadable"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch's message has colours
+        first = text.splitlines()[0] if text else type(e).__name__
         return f"cannot read {path} as a torch.save'd file ({first})"
     if not isinstance(obj, dict):
         return f"{path} holds a {type(obj).__name__}, expected a dict of loss arguments with a 'kind'"
@@ -91,6 +109,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     kwargs = dict(loaded)
     kind = kwargs.pop("kind")
     kwargs.pop("reduction", None)
+    kwargs.pop("validate", None)  # the doctor checks the values: bad ones are its finding
     if args.backend:
         kwargs["backend"] = args.backend
     try:

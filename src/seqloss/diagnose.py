@@ -89,7 +89,9 @@ class SequenceDiagnosis:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("ok", "warning")
+        # A warning is fine unless the loss itself is not finite (+inf although the
+        # lengths allow a path: every path masked): that is what the doctor is for.
+        return self.status in ("ok", "warning") and math.isfinite(self.loss)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -324,17 +326,24 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     bound.apply_defaults()
     a = bound.arguments
     a["reduction"] = "none"
+    if "inplace_grad" in a:
+        a["inplace_grad"] = False  # the report reads the inputs after the loss ran
     x_name = fam.input_name
     x_in = a[x_name]
-    if kind == "tdt" and isinstance(x_in, (tuple, list)):
-        # TDT's (token_logits, duration_logits) pair: a gradient for each part.
-        xs = tuple(checks.check_float_tensor(p, f"{x_name}[{i}]").detach().clone()
-                   .requires_grad_(True) for i, p in enumerate(x_in))
-        a[x_name] = type(x_in)(xs)
-    else:
-        xs = (checks.check_float_tensor(x_in, x_name).detach().clone().requires_grad_(True),)
-        a[x_name] = xs[0]
-    with torch.enable_grad():
+    # Under torch.inference_mode the inputs are inference tensors, which autograd cannot
+    # save: the report works on ordinary copies, with autograd on.
+    with torch.inference_mode(False), torch.enable_grad():
+        if kind == "tdt" and isinstance(x_in, (tuple, list)):
+            # TDT's (token_logits, duration_logits) pair: a gradient for each part.
+            xs = tuple(checks.check_float_tensor(p, f"{x_name}[{i}]").detach().clone()
+                       .requires_grad_(True) for i, p in enumerate(x_in))
+            a[x_name] = type(x_in)(xs)
+        else:
+            xs = (checks.check_float_tensor(x_in, x_name).detach().clone().requires_grad_(True),)
+            a[x_name] = xs[0]
+        for k, v in a.items():  # lengths and targets made under inference mode
+            if isinstance(v, torch.Tensor) and v.is_inference():
+                a[k] = v.clone()
         loss = fn(*bound.args, **bound.kwargs)
         grads = torch.autograd.grad(loss, xs, grad_outputs=torch.ones_like(loss))
     x_out = tuple(x.detach() for x in xs)

@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 
 
+def _differs(value: object, default: object) -> bool:
+    # Durations may be a numpy array or a tensor: their != is elementwise.
+    try:
+        return bool(value != default)
+    except (ValueError, RuntimeError, TypeError):
+        return True
+
+
 class LossModule(torch.nn.Module):
     """Holds a loss's keyword arguments; ``repr`` shows the ones that differ from the defaults.
 
@@ -20,9 +28,8 @@ class LossModule(torch.nn.Module):
             setattr(self, k, v)
 
     def extra_repr(self) -> str:
-        return ", ".join(
-            f"{k}={getattr(self, k)!r}" for k, d in self._defaults.items() if getattr(self, k) != d
-        )
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k, d in self._defaults.items()
+                         if _differs(getattr(self, k), d))
 
     def __prepare_scriptable__(self) -> torch.nn.Module:
         # torch.jit.script calls this first: say why instead of failing on an annotation.

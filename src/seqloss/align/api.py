@@ -193,6 +193,8 @@ def rnnt_align(
     B, T, U1, V = logits.shape
     device = logits.device
     tg = checks.as_targets_tensor(targets, device)
+    if B == 0 and tg.dim() == 1 and tg.numel() == 0:  # [] for an empty batch
+        tg = tg.reshape(0, 0)
     checks.check_ndim(tg, "targets", (2,), "padded (B, U)")
     if tg.shape[0] != B:
         raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
