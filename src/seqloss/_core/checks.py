@@ -113,6 +113,16 @@ def check_batch(x: torch.Tensor, name: str, batch: int) -> torch.Tensor:
     )
 
 
+def check_padded_targets(tg: torch.Tensor, batch: int) -> torch.Tensor:
+    """``tg`` checked as padded ``(batch, U)``; ``[]`` (1-D, empty) for an empty batch."""
+    if batch == 0 and tg.dim() == 1 and tg.numel() == 0:
+        tg = tg.reshape(0, 0)
+    check_ndim(tg, "targets", (2,), "padded (B, U)")
+    if tg.shape[0] != batch:
+        raise InputError(f"targets must have shape (B={batch}, U), got {tuple(tg.shape)}")
+    return tg
+
+
 def check_reduction(reduction: object, *, transducer: bool = False) -> None:
     allowed = TRANSDUCER_REDUCTIONS if transducer else REDUCTIONS
     if not isinstance(reduction, str) or reduction not in allowed:

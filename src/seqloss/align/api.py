@@ -192,12 +192,7 @@ def rnnt_align(
     checks.check_ndim(logits, "logits", (4,), "(B, T, U+1, V)")
     B, T, U1, V = logits.shape
     device = logits.device
-    tg = checks.as_targets_tensor(targets, device)
-    if B == 0 and tg.dim() == 1 and tg.numel() == 0:  # [] for an empty batch
-        tg = tg.reshape(0, 0)
-    checks.check_ndim(tg, "targets", (2,), "padded (B, U)")
-    if tg.shape[0] != B:
-        raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
+    tg = checks.check_padded_targets(checks.as_targets_tensor(targets, device), B)
     il = checks.as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = checks.as_index_tensor(target_lengths, "target_lengths", device)
     il = checks.check_batch(il, "logit_lengths", B)

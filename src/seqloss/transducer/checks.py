@@ -13,6 +13,7 @@ from .._core.checks import (
     check_ids,
     check_lengths,
     check_ndim,
+    check_padded_targets,
     int_arg,
     pad_targets,
 )
@@ -55,12 +56,10 @@ def transducer_inputs(
     tl = check_batch(tl, "target_lengths", B)
     if packed:
         check_ndim(tg, "targets", (1, 2), "padded (B, S) or concatenated 1-D")
+        if tg.dim() == 2 and tg.shape[0] != B:
+            raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
     else:
-        if B == 0 and tg.dim() == 1 and tg.numel() == 0:  # [] for an empty batch
-            tg = tg.reshape(0, 0)
-        check_ndim(tg, "targets", (2,), "(B, U)")
-    if tg.dim() == 2 and tg.shape[0] != B:
-        raise InputError(f"targets must have shape (B={B}, U), got {tuple(tg.shape)}")
+        tg = check_padded_targets(tg, B)
     blank = int_arg(blank, "blank")
     V = logits.shape[-1]
     if V == 0:
