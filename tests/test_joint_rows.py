@@ -16,7 +16,7 @@ pytest.importorskip("numba")
 from numba import njit  # noqa: E402
 
 from seqloss._core.numba_exp import vexp  # noqa: E402
-from seqloss.transducer.joint import numba_rows  # noqa: E402
+from seqloss.transducer.joint import numba_cpu, numba_rows  # noqa: E402
 
 
 @njit(cache=False)
@@ -53,8 +53,10 @@ def test_exp_special_values(dtype, below):
 
 @pytest.fixture(autouse=True)
 def rows_everywhere(monkeypatch):  # noqa: ANN001, ANN201
-    """The row passes for every width here (by default only rows of >= 512 classes)."""
+    """The row passes for every width here (by default only rows of >= 512 classes for
+    RNN-T, >= 128 for the many-arc tables)."""
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 1)
+    monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 1)
 
 
 def _batch(B, T, U, V, seed, dtype=torch.float32):  # noqa: ANN001, ANN202
@@ -202,29 +204,36 @@ def test_inplace_gradient_is_bit_identical():
     assert torch.equal(loss.detach(), a) and torch.equal(gi, ga)
 
 
-def test_row_passes_against_chunked_torch_ops(monkeypatch):
-    x, tg, il, tl = _batch(3, 12, 5, 700, seed=8)
-    a, ga = _loss_grad(x, tg, il, tl, backend="numba", clamp=0.2)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_row_passes_against_chunked_torch_ops(monkeypatch, case):
+    V = 700
+    x, tg, il, tl = _batch(3, 12, 5, V + 3, seed=8)
+    tg = tg % (V - 4) + 1
+    fn, xin, args, opts = CASES[case](x, tg, il, tl, V, clamp=0.2)
+    a, ga = _grads(fn, xin, *args, backend="numba", **opts)
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 10**9)
-    b, gb = _loss_grad(x, tg, il, tl, backend="numba", clamp=0.2)
+    monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 10**9)
+    b, gb = _grads(fn, xin, *args, backend="numba", **opts)
     torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
     torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-8)
 
 
 def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
-    # RNN-T's table only: multi-blank and TDT keep torch's chunked ops (measured faster).
+    # RNN-T from 512 classes (below, torch's chunked ops measured faster); the many-arc
+    # tables (multi-blank, TDT) from 128.
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 512)
+    monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 128)
     calls = []
     orig = numba_rows.RowPasses.prologue
 
-    def spy(self):  # noqa: ANN001, ANN202
+    def spy(self, g=None):  # noqa: ANN001, ANN202
         calls.append(self.V)
-        return orig(self)
+        return orig(self, g)
 
     monkeypatch.setattr(numba_rows.RowPasses, "prologue", spy)
-    for V in (511, 512):
+    for V in (127, 128, 511, 512):
         x, tg, il, tl = _batch(2, 4, 2, V, seed=9)
         _loss_grad(x, tg, il, tl, backend="numba")
         seqloss.multiblank_rnnt_loss(x.requires_grad_(), tg % (V - 3) + 1, il, tl, blank=V - 1,
                                      big_blank_durations=[2], backend="numba").backward()
-    assert calls == [512]
+    assert calls == [128, 511, 512, 512]

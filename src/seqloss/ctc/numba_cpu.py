@@ -67,6 +67,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from .._core import buffers
 from .._core.numba_pool import run_jobs
 from .checks import ctc_values
 
@@ -1246,10 +1247,14 @@ def ctc_loss_forward(
         x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
     xv, tb_layout = _as_layout(x)
     if compute_grad:
-        # numpy's allocation, wrapped: torch.empty + .numpy() cost 3 us more per call
-        gview = np.empty((T, B, C) if tb_layout else (B, T, C),
-                         np.float64 if work == torch.float64 else np.float32)
-        gbuf = torch.from_numpy(gview)
+        shape = (T, B, C) if tb_layout else (B, T, C)
+        if T * B * C * work.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
+            gbuf = buffers.empty(shape, work)
+            gview = gbuf.numpy()
+        else:
+            # numpy's allocation, wrapped: torch.empty + .numpy() cost 3 us more per call
+            gview = np.empty(shape, np.float64 if work == torch.float64 else np.float32)
+            gbuf = torch.from_numpy(gview)
         grad = gbuf if tb_layout else gbuf.transpose(0, 1)
     else:
         gview = _NO_GRAD64 if work == torch.float64 else _NO_GRAD32

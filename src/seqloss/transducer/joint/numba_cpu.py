@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from ..._core import buffers
 from ..._core.numba_pool import own_lines, run_jobs
 from ..lattice.numba_cpu import transducer_lattice
 from .numba_rows import RowPasses, rows_ok
@@ -45,6 +46,9 @@ NAN = float("nan")
 # Elements per chunk of a sequence's logits (16 MiB in float32, within L3): a chunk written by
 # one pass is still in cache for the next (L2/L3-sized on current x86 parts).
 CHUNK_ELEMS = 1 << 22
+# Many-arc tables (multi-blank, TDT): token rows at least this wide take the Numba row
+# prologue (see ``_forward_table``); narrower ones torch's chunked ops.
+TABLE_MIN_ROW_WIDTH = 128
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -457,6 +461,16 @@ def _forward_table(
         run_jobs(_duration_job, (dur_logits.detach().numpy(), Tla, Ula, bool(fused_log_softmax),
                                  sd.numpy(), dur_bad),
                  range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
+    # The token rows' shift, sum and exp(x - m) (into the gradient, for the lattice
+    # kernel to rescale) in one Numba pass per row where the layout allows. (Storing
+    # the states' occupations for a parallel row epilogue that recomputes exp(x - m)
+    # measured slower: two exps per logit instead of one.)
+    g_tok = (grad_tok[..., :V] if whole else grad_tok) if compute_grad else None
+    seq_bad = None
+    if fused_log_softmax and rows_ok(V, logits, *(() if g_tok is None else (g_tok,)),
+                                     min_width=TABLE_MIN_ROW_WIDTH):
+        row_max = torch.empty((B, T, U1), dtype=acc)
+        seq_bad = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum).prologue(g_tok)
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
@@ -471,11 +485,15 @@ def _forward_table(
         elif D:
             xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach()
             any_bad = _duration_scores(xd.numpy(), fused_log_softmax, sd[b, :tb, : ub + 1].numpy())
-        m_b = torch.empty((tb, ub + 1), dtype=acc)
         s_b = row_sum[b, :tb, : ub + 1]
+        if seq_bad is not None:
+            m_b = row_max[b, :tb, : ub + 1]
+            any_bad |= bool(seq_bad[b])
+        else:
+            m_b = torch.empty((tb, ub + 1), dtype=acc)
         g = _seq_view(grad_tok, b, tb, ub, offs[b]) if compute_grad else None
         xr = _seq_view(rows, b, tb, ub, offs[b]) if whole else None
-        for t0, t1 in _chunks(tb, ub, V + (D if whole else 0)):
+        for t0, t1 in (() if seq_bad is not None else _chunks(tb, ub, V + (D if whole else 0))):
             xc = x[t0:t1]
             m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
             any_bad |= bool((~(m < float("inf"))).any())
@@ -568,14 +586,15 @@ def joint_loss_forward(
     """See ``seqloss.transducer.joint.reference.joint_loss_forward``."""
     V, D = table.num_tokens, table.num_durations
     if _table_path(table, logits.dtype, grad_buffer):
-        grad = torch.empty(logits.shape, dtype=logits.dtype) if compute_grad else None
+        grad = buffers.empty(logits.shape, logits.dtype) if compute_grad else None
         loss = _forward_table(logits[..., :V] if D else logits, logits[..., V:] if D else None,
                               targets, logit_lengths, target_lengths, table, fused_log_softmax,
                               grad, None, grad_scale, rows=logits if D else None)
         return loss, (grad if grad is not None else logits.new_empty(0))
     grad = None
     if compute_grad:
-        grad = grad_buffer if grad_buffer is not None else torch.empty_like(logits)
+        grad = grad_buffer if grad_buffer is not None else buffers.empty(
+            logits.shape, logits.dtype, like=logits)
     loss = _forward(logits[..., :V] if D else logits, logits[..., V:] if D else None,
                     targets, logit_lengths, target_lengths, table, fused_log_softmax,
                     None if grad is None else (grad[..., :V] if D else grad),
@@ -601,16 +620,18 @@ def joint_loss_forward_pair(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """See ``seqloss.transducer.joint.reference.joint_loss_forward_pair``."""
     if _table_path(table, token_logits.dtype, None):
-        gt = torch.empty(token_logits.shape, dtype=token_logits.dtype) if compute_grad else None
-        gd = (torch.empty(duration_logits.shape, dtype=duration_logits.dtype)
+        gt = buffers.empty(token_logits.shape, token_logits.dtype) if compute_grad else None
+        gd = (buffers.empty(duration_logits.shape, duration_logits.dtype)
               if compute_grad else None)
         loss = _forward_table(token_logits, duration_logits, targets, logit_lengths,
                               target_lengths, table, fused_log_softmax, gt, gd, grad_scale)
         if not compute_grad:
             return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
         return loss, gt, gd
-    gt = torch.empty_like(token_logits) if compute_grad else None
-    gd = torch.empty_like(duration_logits) if compute_grad else None
+    gt = (buffers.empty(token_logits.shape, token_logits.dtype, like=token_logits)
+          if compute_grad else None)
+    gd = (buffers.empty(duration_logits.shape, duration_logits.dtype, like=duration_logits)
+          if compute_grad else None)
     loss = _forward(token_logits, duration_logits, targets, logit_lengths, target_lengths,
                     table, fused_log_softmax, gt, gd, grad_scale)
     if not compute_grad:

@@ -96,6 +96,42 @@ def _prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst, bad,
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _prologue_exp_job(x, xo, xst, xsu, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst,
+                      bad, job):  # noqa: ANN001, ANN201, PLR0913
+    """``_prologue_job`` that also writes ``exp(x - m)`` into the row of ``g`` (addressed as
+    ``x``'s), for an epilogue that rescales it in place (the many-arc lattice kernel,
+    which runs one job per sequence: recomputing the exponentials there would serialize
+    them per sequence)."""
+    b = jb[job]
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    zero = np.zeros(1, x.dtype)[0]
+    acc = np.empty(_LANES, x.dtype)
+    nbad = 0
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub1[b]):
+            xr = x0 + t * xs0 + u * xs1
+            xrow = x[xr : xr + V]
+            gr = g0 + t * gs0 + u * gs1
+            grow = g[gr : gr + V]
+            m = _row_max(xrow, V, acc)
+            if m == -np.inf:
+                m = zero
+            s = zero
+            for v in range(V):
+                e = _exp(xrow[v] - m)
+                grow[v] = e
+                s += e
+            if s != s or m == np.inf:
+                nbad += 1
+            k = r0 + t * rs0 + u
+            rm[k] = m
+            rs[k] = s
+    bad[job] = 1 if nbad else 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _epilogue_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
                   ro, rst, ob, oe, cls, tg, scale, clamp, gscale, skip,
                   job):  # noqa: ANN001, ANN201, PLR0913
@@ -184,10 +220,11 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 MIN_ROW_WIDTH = 512
 
 
-def rows_ok(V: int, *ts: torch.Tensor) -> bool:
+def rows_ok(V: int, *ts: torch.Tensor, min_width: int | None = None) -> bool:
     """Whether a loss's rows (``V`` classes wide) go through the row kernels: at least
-    ``MIN_ROW_WIDTH`` classes, CPU float32/float64, unit stride along the classes."""
-    return V >= MIN_ROW_WIDTH and all(
+    ``min_width`` (default ``MIN_ROW_WIDTH``) classes, CPU float32/float64, unit stride
+    along the classes."""
+    return V >= (MIN_ROW_WIDTH if min_width is None else min_width) and all(
         t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
         and (t.shape[-1] <= 1 or t.stride(-1) == 1) for t in ts)
 
@@ -245,13 +282,16 @@ class RowPasses:
         return (_flat(t), own_lines(np.asarray(o, i64)), own_lines(np.asarray(st, i64)),
                 own_lines(np.asarray(su, i64)))
 
-    def prologue(self) -> np.ndarray:
-        """Shifts and sums of every row; returns per-sequence NaN/``+inf`` flags."""
+    def prologue(self, g: torch.Tensor | None = None) -> np.ndarray:
+        """Shifts and sums of every row; returns per-sequence NaN/``+inf`` flags.
+
+        ``g``: also write ``exp(x - m)`` into its rows (same row layout as ``x``'s)."""
         jb, j0, j1, cost = self.jobs
         bad = np.zeros(len(cost), np.uint8)
         if cost:
-            run_jobs(_prologue_job, (*self._addr(self.x), self.V, jb, j0, j1, self.ub1,
-                                     self.rm, self.rs, self.ro, self.rst, bad),
+            fn, ga = (_prologue_job, ()) if g is None else (_prologue_exp_job, self._addr(g))
+            run_jobs(fn, (*self._addr(self.x), *ga, self.V, jb, j0, j1, self.ub1,
+                          self.rm, self.rs, self.ro, self.rst, bad),
                      range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
