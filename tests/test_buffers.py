@@ -51,8 +51,14 @@ def test_memory_still_referenced_is_never_reused(keep):
     x1, tg, il, tl = _inputs(1)
     g1 = _grad(x1, tg, il, tl)
     want = g1.clone()
-    held = {"tensor": lambda: g1, "view": lambda: g1[1, 2:5],
-            "numpy": lambda: g1.numpy(), "storage": lambda: g1.untyped_storage()}[keep]()
+    if keep == "tensor":
+        held = g1
+    elif keep == "view":
+        held = g1[1, 2:5]
+    elif keep == "numpy":
+        held = g1.numpy()
+    else:
+        held = g1.untyped_storage()
     del g1
     for seed in (2, 3):
         x, tg2, il2, tl2 = _inputs(seed)

@@ -7,24 +7,25 @@ block through views of their own (``_forward``), so TDT's pair of tensors is nev
 concatenated.
 
 Where the time goes: the loss is bound by one ``exp`` per logit and by memory traffic.
-For RNN-T's table with float32/float64 rows of at least ``numba_rows.MIN_ROW_WIDTH``
-classes the passes over them run row by row in Numba (``numba_rows``: a vectorized
-``exp``, each row read from memory once per pass, many jobs on the shared pool); every
-other case takes torch's ops over chunks of frames, each chunk staying in cache between
-its passes (for multi-blank and TDT the row passes were slower: benchmarks/RESULTS.md).
+For float32/float64 rows of at least ``numba_rows.MIN_ROW_WIDTH`` classes (RNN-T's
+table) or ``TABLE_MIN_ROW_WIDTH`` (the many-arc tables) the passes over them run row by
+row in Numba (``numba_rows``: a vectorized ``exp``, each row read from memory once per
+pass, many jobs on the shared pool); every other case takes torch's ops over chunks of
+frames, each chunk staying in cache between its passes (benchmarks/RESULTS.md has the
+measurements behind both widths).
 The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
 (sequence, direction) or sequence, on the shared thread pool
 (:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the
 thread count).
 
-Memory: the gradient is the only logits-sized allocation, and none at all when the
-caller passes ``grad_buffer=logits``. RNN-T through the row passes: the prologue only
-reads the logits (shift, sum, NaN/``+inf``), and the epilogue recomputes ``exp(x - m)``
-into the gradient, scaled by the occupation weight, in one write. Otherwise the prologue
-writes ``exp(x - m)`` into the gradient's buffer, which the epilogue (the lattice kernel,
-for many-arc tables) rescales in place. Half-precision inputs use chunk-sized float32
-temporaries instead (their gradient buffer is too coarse to hold the exponentials), at
-the price of a second ``exp`` pass.
+Memory: the gradient is the only logits-sized allocation (reused between calls:
+``seqloss._core.buffers``), and none at all when the caller passes ``grad_buffer=logits``.
+The prologue writes ``exp(x - m)`` into the gradient's buffer, and the epilogue (the row
+epilogue for RNN-T, the lattice kernel for many-arc tables) rescales it in place: one
+``exp`` per logit, which bounds these passes (recomputing it in the epilogue instead, one
+read of the logits for a write and a read of the buffer, measured 10-20% slower).
+Half-precision inputs use chunk-sized float32 temporaries instead (their gradient buffer
+is too coarse to hold the exponentials), at the price of a second ``exp`` pass.
 """
 
 from __future__ import annotations
@@ -758,9 +759,9 @@ def _forward(
                 row_max[b, t0:t1, : ub + 1] = m
         gathered[b] = (xb, xe, ld, any_bad)
     if passes is not None:
-        # exp(x - m) is recomputed in the epilogue rather than kept in the gradient's buffer:
-        # one read of the logits instead of a write and a read of the buffer.
-        seq_bad = passes.prologue()
+        # exp(x - m) goes into the gradient's buffer for the epilogue to rescale: one exp
+        # per logit (the passes are bound by it) for a write and a read of the buffer.
+        seq_bad = passes.prologue(grad)
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
         if tb == 0:

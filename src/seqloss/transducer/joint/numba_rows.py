@@ -4,11 +4,12 @@ The transducer losses are bound by one ``exp`` per logit. A row of the joint (``
 logits of one ``(t, u)`` state) fits in L1, so per row:
 
 - prologue: its maximum ``m`` (0 for a row of ``-inf``), ``s = sum exp(x - m)``,
-  NaN/``+inf`` detection -- one read of the logits from memory, where torch's ``amax``,
-  ``sub``, ``exp_`` and ``sum`` are four passes over a chunk;
-- epilogue (RNN-T): ``exp(x - m)`` recomputed, times ``occupation / s``, minus the arcs'
-  occupations at their classes, the clamp and the gradient scale: one read of the
-  logits and one write of the gradient per row.
+  NaN/``+inf`` detection, and ``exp(x - m)`` written into the gradient's row -- one read
+  of the logits from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are
+  four passes over a chunk;
+- epilogue (RNN-T; the many-arc tables do it in their lattice kernel): that row times
+  ``occupation / s``, minus the arcs' occupations at their classes, the clamp and the
+  gradient scale, in place.
 
 The ``exp`` is written out (``seqloss._core.numba_exp``), so LLVM vectorizes the row
 loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
@@ -96,12 +97,14 @@ def _prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst, bad,
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _prologue_exp_job(x, xo, xst, xsu, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst,
-                      bad, job):  # noqa: ANN001, ANN201, PLR0913
-    """``_prologue_job`` that also writes ``exp(x - m)`` into the row of ``g`` (addressed as
-    ``x``'s), for an epilogue that rescales it in place (the many-arc lattice kernel,
-    which runs one job per sequence: recomputing the exponentials there would serialize
-    them per sequence)."""
+def _prologue_exp_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs, ro,
+                      rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
+    """``_prologue_job`` that also writes ``exp(x - m)`` into the row of ``g``, for an
+    epilogue that rescales it in place: one ``exp`` per logit in all (the passes are
+    bound by it), where recomputing it in the epilogue costs a second.
+
+    ``same``: ``g`` is ``x`` (a gradient written over the logits): the row is read and
+    written through ``g`` alone, so that LLVM's vector loop runs (see ``_epilogue_job``)."""
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
@@ -119,10 +122,16 @@ def _prologue_exp_job(x, xo, xst, xsu, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm
             if m == -np.inf:
                 m = zero
             s = zero
-            for v in range(V):
-                e = _exp(xrow[v] - m)
-                grow[v] = e
-                s += e
+            if same:
+                for v in range(V):
+                    e = _exp(grow[v] - m)
+                    grow[v] = e
+                    s += e
+            else:
+                for v in range(V):
+                    e = _exp(xrow[v] - m)
+                    grow[v] = e
+                    s += e
             if s != s or m == np.inf:
                 nbad += 1
             k = r0 + t * rs0 + u
@@ -132,18 +141,13 @@ def _prologue_exp_job(x, xo, xst, xsu, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _epilogue_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
-                  ro, rst, ob, oe, cls, tg, scale, clamp, gscale, skip,
-                  job):  # noqa: ANN001, ANN201, PLR0913
-    """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``):
+def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, rs, ro, rst, ob, oe, cls, tg, scale,
+                  clamp, gscale, skip, job):  # noqa: ANN001, ANN201, PLR0913
+    """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``), in place
+    over the ``exp(x - m)`` the prologue wrote into ``g``:
 
         g = clamp(exp(x - m) * total / s - sum over arcs of their occupation at their class)
             * gscale
-
-    with ``exp(x - m)`` recomputed from ``x``, or from ``g``'s own values when ``same``
-    (``g`` is ``x``: a gradient written over the logits; one array, so that LLVM's vector
-    loop runs: the aliasing check of two arrays sends exactly overlapping rows to its
-    scalar loop, 2x slower).
 
     ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
     (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
@@ -159,7 +163,6 @@ def _epilogue_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, 
     obf = ob.reshape(-1)
     oef = oe.reshape(-1)
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
-    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     r0, rs0 = ro[b], rst[b]
     hi = clamp if clamp > 0 else np.inf
     wbuf = np.empty(3, g.dtype)  # in g's dtype: the row's products stay in its precision
@@ -182,15 +185,8 @@ def _epilogue_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, 
             w, h, sc = wbuf[0], wbuf[1], wbuf[2]
             gr = g0 + t * gs0 + u * gs1
             grow = g[gr : gr + V]
-            m = rm[k]
-            if same:
-                for v in range(V):
-                    grow[v] = _exp(grow[v] - m) * w
-            else:
-                xr = x0 + t * xs0 + u * xs1
-                xrow = x[xr : xr + V]
-                for v in range(V):
-                    grow[v] = _exp(xrow[v] - m) * w
+            for v in range(V):
+                grow[v] = grow[v] * w
             for i in range(Db):
                 grow[cls[i]] -= obf[k * Db + i]
             if u < ub:
@@ -289,30 +285,38 @@ class RowPasses:
         jb, j0, j1, cost = self.jobs
         bad = np.zeros(len(cost), np.uint8)
         if cost:
-            fn, ga = (_prologue_job, ()) if g is None else (_prologue_exp_job, self._addr(g))
-            run_jobs(fn, (*self._addr(self.x), *ga, self.V, jb, j0, j1, self.ub1,
+            if g is None:
+                fn, ga = _prologue_job, ()
+            else:
+                same = self._same(g)
+                fn, ga = _prologue_exp_job, (bool(same), *self._addr(g))
+            xa = self._addr(self.x)
+            if g is not None and same:
+                xa = ga[1:]  # the very same rows
+            run_jobs(fn, (*xa, *ga, self.V, jb, j0, j1, self.ub1,
                           self.rm, self.rs, self.ro, self.rst, bad),
                      range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
         return seq_bad
 
+    def _same(self, g: torch.Tensor) -> bool:
+        return (g.data_ptr() == self.x.data_ptr() and g.stride() == self.x.stride()
+                and g.shape == self.x.shape)
+
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
                  skip: np.ndarray) -> None:
-        """The gradient into ``g`` (see ``_epilogue_job``); ``g`` may be the logits."""
+        """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
+        (see ``_epilogue_job``); ``g`` may be the logits."""
         jb, j0, j1, cost = self.jobs
         if not cost:
             return
-        ga = self._addr(g)
-        same = (g.data_ptr() == self.x.data_ptr() and g.stride() == self.x.stride()
-                and g.shape == self.x.shape)
-        xa = (ga[0][:0], *ga[1:]) if same else self._addr(self.x)
         tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
-        run_jobs(_epilogue_job, (*xa, bool(same), *ga, self.V, jb, j0, j1, self.ub1,
-                                 self.rm, self.rs, self.ro, self.rst,
+        run_jobs(_epilogue_job, (*self._addr(g), self.V, jb, j0, j1, self.ub1,
+                                 self.rs, self.ro, self.rst,
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),
                                  own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
                                  float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
