@@ -12,7 +12,8 @@ forward+backward and returns what the call produced). This module runs them:
   defines it: after one warm-up call, ``echo 5 > /proc/self/clear_refs``, read
   ``VmRSS``, run one call (its result, e.g. the gradient, counts), read
   ``VmHWM``; report the difference. ``MALLOC_MMAP_THRESHOLD_=65536`` makes freed
-  large blocks go back to the system so that they do not hide in the allocator.
+  large blocks go back to the system so that they do not hide in the allocator, and
+  ``SEQLOSS_REUSE_BUFFERS=0`` keeps seqloss's reused gradient memory out of it likewise.
   The child is the benchmark module (``python -m seqloss.bench.ctc``) or script
   itself, run with ``--mem-child`` (see ``mem_child_main``).
 
@@ -97,7 +98,9 @@ def peak_memory_subprocess(
 
     Returns ``None`` when the child fails (e.g. the implementation's library is missing).
     """
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    # No reuse of gradient memory between calls (seqloss._core.buffers): the warm-up
+    # call's buffer would be resident before the measured call and hide its gradient.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", SEQLOSS_REUSE_BUFFERS="0")
     prefix = [sys.executable, script] if isinstance(script, str) else list(script)
     cmd = [*prefix, "--mem-child", impl, json.dumps(case)]
     try:
