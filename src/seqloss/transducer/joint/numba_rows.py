@@ -62,51 +62,22 @@ def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, rm, rs, ro, rst, bad,
-                  job):  # noqa: ANN001, ANN201, PLR0913
+def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
+                  ro, rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
     """Rows ``(t, u)``, ``jt0[job] <= t < jt1[job]``, ``u < ub1[b]``, of sequence ``b = jb[job]``.
 
     Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]``; its shift and sum (in
     ``x``'s dtype, as torch's ``sum``) go to ``rm/rs[ro[b] + t rst[b] + u]``.
-    ``bad[job] = 1`` when a row holds NaN or ``+inf``. Only reads the logits: the epilogue
-    recomputes ``exp(x - m)`` (one read instead of a write now and a read then).
-    """
-    b = jb[job]
-    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
-    r0, rs0 = ro[b], rst[b]
-    zero = np.zeros(1, x.dtype)[0]
-    acc = np.empty(_LANES, x.dtype)
-    nbad = 0
-    for t in range(jt0[job], jt1[job]):
-        for u in range(ub1[b]):
-            # Row slices, not flat indices: LLVM then vectorizes (x and g may alias).
-            xr = x0 + t * xs0 + u * xs1
-            xrow = x[xr : xr + V]
-            m = _row_max(xrow, V, acc)
-            if m == -np.inf:  # a row of -inf: shift 0, sum 0 (no arc out of it)
-                m = zero
-            s = zero
-            for v in range(V):
-                s += _exp(xrow[v] - m)
-            if s != s or m == np.inf:  # NaN (its exp is NaN) or +inf in the row
-                nbad += 1
-            k = r0 + t * rs0 + u
-            rm[k] = m
-            rs[k] = s
-    bad[job] = 1 if nbad else 0
+    ``bad[job] = 1`` when a row holds NaN or ``+inf``.
 
-
-@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _prologue_exp_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs, ro,
-                      rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
-    """``_prologue_job`` that also writes ``exp(x - m)`` into the row of ``g``, for an
-    epilogue that rescales it in place: one ``exp`` per logit in all (the passes are
-    bound by it), where recomputing it in the epilogue costs a second.
-
+    ``write``: also store ``exp(x - m)`` in the row of ``g`` (addressed by ``go, gst,
+    gsu``), for an epilogue that rescales it in place: one ``exp`` per logit in all (the
+    passes are bound by it), where recomputing it in the epilogue costs a second.
     ``same``: ``g`` is ``x`` (a gradient written over the logits): the row is read and
     written through ``g`` alone, so that LLVM's vector loop runs (with two arrays on one
     buffer, its aliasing check sends exactly overlapping rows to the scalar loop, 2x
-    slower)."""
+    slower).
+    """
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
@@ -116,25 +87,30 @@ def _prologue_exp_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, u
     nbad = 0
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
+            # Row slices, not flat indices: LLVM then vectorizes.
             xr = x0 + t * xs0 + u * xs1
             xrow = x[xr : xr + V]
-            gr = g0 + t * gs0 + u * gs1
-            grow = g[gr : gr + V]
             m = _row_max(xrow, V, acc)
-            if m == -np.inf:
+            if m == -np.inf:  # a row of -inf: shift 0, sum 0 (no arc out of it)
                 m = zero
             s = zero
-            if same:
+            if not write:
                 for v in range(V):
-                    e = _exp(grow[v] - m)
-                    grow[v] = e
-                    s += e
+                    s += _exp(xrow[v] - m)
             else:
-                for v in range(V):
-                    e = _exp(xrow[v] - m)
-                    grow[v] = e
-                    s += e
-            if s != s or m == np.inf:
+                gr = g0 + t * gs0 + u * gs1
+                grow = g[gr : gr + V]
+                if same:
+                    for v in range(V):
+                        e = _exp(grow[v] - m)
+                        grow[v] = e
+                        s += e
+                else:
+                    for v in range(V):
+                        e = _exp(xrow[v] - m)
+                        grow[v] = e
+                        s += e
+            if s != s or m == np.inf:  # NaN (its exp is NaN) or +inf in the row
                 nbad += 1
             k = r0 + t * rs0 + u
             rm[k] = m
@@ -287,16 +263,11 @@ class RowPasses:
         jb, j0, j1, cost = self.jobs
         bad = np.zeros(len(cost), np.uint8)
         if cost:
-            if g is None:
-                fn, ga = _prologue_job, ()
-            else:
-                same = self._same(g)
-                fn, ga = _prologue_exp_job, (bool(same), *self._addr(g))
             xa = self._addr(self.x)
-            if g is not None and same:
-                xa = ga[1:]  # the very same rows
-            run_jobs(fn, (*xa, *ga, self.V, jb, j0, j1, self.ub1,
-                          self.rm, self.rs, self.ro, self.rst, bad),
+            same = g is not None and self._same(g)
+            ga = xa if g is None or same else self._addr(g)  # the very same rows if same
+            run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0, j1,
+                                     self.ub1, self.rm, self.rs, self.ro, self.rst, bad),
                      range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
