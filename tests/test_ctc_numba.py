@@ -140,35 +140,40 @@ def test_noncontiguous_layouts(dtype):
         assert torch.equal(loss, ref_l) and torch.equal(grad, ref_g)
 
 
-def test_threads_follow_torch_and_do_not_change_results():
+def test_threads_follow_torch_and_do_not_change_results(monkeypatch):
     import threading
 
     old = torch.get_num_threads()
     x, tg, il, tl = _inputs(40, 6, 5, 6, seed=10)
     lp = x.log_softmax(-1)
-    seen = set()
+    seen = []
     real = nk._ctc_chunk
+    main = threading.current_thread().name
 
     def spy(*args):
-        seen.add(threading.current_thread().name)
+        seen.append((threading.current_thread().name, args[-2]))
         return real(*args)
 
     try:
         outs = []
-        for n in (1, 2):
+        for n, min_cells in ((1, 0), (2, 0), (2, nk.POOL_MIN_CELLS)):
             torch.set_num_threads(n)
+            monkeypatch.setattr(nk, "POOL_MIN_CELLS", min_cells)
             seen.clear()
             nk._ctc_chunk = spy
-            outs.append(nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True))
+            outs.append(nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True, reduction="sum"))
             nk._ctc_chunk = real
-            # One thread: the caller's; more: the pool's workers (how many of them pick
-            # up work depends on the schedule, the results must not).
-            if n == 1:
-                assert seen == {threading.current_thread().name}
+            if n == 1 or min_cells:
+                # One thread, or a batch too small for the pool: one call on the
+                # caller's thread doing the whole batch (chunk 0).
+                assert seen == [(main, 0)], seen
             else:
-                main = threading.current_thread().name
-                assert seen and all(x == main or x.startswith("seqloss") for x in seen), seen
-        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+                # The pool's workers (how many of them pick up work depends on the
+                # schedule; the results must not).
+                assert seen and all(c > 0 for _, c in seen), seen
+                assert all(x == main or x.startswith("seqloss") for x, _ in seen), seen
+        for o in outs[1:]:
+            assert torch.equal(outs[0][0], o[0]) and torch.equal(outs[0][1], o[1])
     finally:
         nk._ctc_chunk = real
         torch.set_num_threads(old)

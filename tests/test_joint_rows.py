@@ -215,12 +215,15 @@ def test_row_passes_against_chunked_torch_ops(monkeypatch, case):
     monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 10**9)
     b, gb = _grads(fn, xin, *args, backend="numba", **opts)
     torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
-    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-8)
+    # The two exps (vectorized in Numba, torch's) differ by an ulp or two; an entry
+    # ``softmax * total - occupation`` of terms up to 1 then differs by a few float32
+    # ulps of 1 after the cancellation (seen: 4.6e-8 on an AMD EPYC, duration column).
+    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=3e-7)
 
 
 def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
     # RNN-T from 512 classes (below, torch's chunked ops measured faster); the many-arc
-    # tables (multi-blank, TDT) from 128.
+    # tables (multi-blank, TDT) from their own width (16 by default; 128 here).
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 512)
     monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 128)
     calls = []

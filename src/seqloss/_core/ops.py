@@ -207,6 +207,12 @@ class _EagerLoss(torch.autograd.Function):
         return None, _loss_backward(ctx, grad_loss)
 
 
+# The C++ ``apply`` of ``_EagerLoss``, without ``Function.apply``'s Python wrapper (which
+# binds default arguments for ``setup_context`` and unwraps dead functorch wrappers:
+# neither applies with no functorch transform active).
+_eager_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerLoss)  # noqa: SLF001
+
+
 class _FuncLoss(torch.autograd.Function):
     """``_EagerLoss`` for ``torch.func`` transforms (grad, vjp, jacrev), which need
     ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
@@ -241,6 +247,9 @@ def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple
         return op(x, *rest)
     if not rest[-2]:  # no gradient wanted: no autograd wrapper either
         return impl(x, *rest)
+    if not torch._C._are_functorch_transforms_active():  # noqa: SLF001
+        # torch's own ``Function.apply`` does exactly this then, after ~1 us of Python.
+        return _eager_apply((impl, batch_dim, per_batch, rest), x)
     return _EagerLoss.apply((impl, batch_dim, per_batch, rest), x)
 
 

@@ -1137,19 +1137,53 @@ def _finish(loss, tl, red, zero_infinity, out):
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_chunk(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
-               status, mode, seg, red, order, chunk, job):
+def _ctc_chunk(x, tb_layout, targets, concat, toff, il, tl, blank, fused, compute_grad, grad,
+               loss, status, mode, seg, red, zero_infinity, out, validate, order, chunk, job):
     """Sequences ``order[job * chunk : (job + 1) * chunk]`` (``order`` empty: the
-    identity), one ``_ctc_seq`` each.
+    identity), one ``_ctc_seq`` each: a job of the pool (see ``_run_batch``).
 
     One dispatch from Python per chunk, not per sequence: a Numba call unboxes its
     arguments under the GIL (~10 us for these), as long as a short sequence's whole
     recursion, so per-sequence calls from a thread pool would mostly wait on the GIL.
+
+    ``chunk = 0``: the whole call on the calling thread (a small batch, ``_inline``), in
+    one dispatch instead of three (each ~1 us of a B = 1 call's ~30): the value checks
+    when ``validate`` (a nonzero return, as ``_check_values``: nothing computed; ``toff``
+    is then computed here), every sequence, then ``_finish`` into ``out``. One function
+    for both: a second entry point compiling the same callees cost 3.6 s more on a
+    fresh cache.
     """
     B = il.shape[0]
-    for k in range(job * chunk, min(B, (job + 1) * chunk)):
-        _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
-                 status, mode, seg, red, order[k] if order.shape[0] else k)
+    if chunk > 0:
+        for k in range(job * chunk, min(B, (job + 1) * chunk)):
+            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
+                     loss, status, mode, seg, red, order[k] if order.shape[0] else k)
+        return 0
+    T = x.shape[0] if tb_layout else x.shape[1]
+    if validate:
+        bad, offs = _check_values(targets, concat, il, tl, T, x.shape[2], blank)
+        if bad:
+            return bad
+    elif concat:
+        offs = _offsets(tl)
+    else:
+        offs = toff
+    for b in range(B):
+        _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, compute_grad, grad, loss,
+                 status, mode, seg, red, b)
+    _finish(loss, tl, red, zero_infinity, out)
+    return 0
+
+
+# Lattice cells (the batch's sum of T_b (2 L_b + 1)) below which one thread runs them.
+POOL_MIN_CELLS = 24000
+
+
+def _inline(il: np.ndarray, tl: np.ndarray) -> bool:
+    """Whether a batch runs on the calling thread (see ``_run_batch``)."""
+    B = il.shape[0]
+    return (B <= 1 or torch.get_num_threads() == 1
+            or int(np.dot(il, 2 * tl + 1)) < POOL_MIN_CELLS)
 
 
 def _run_batch(args: tuple, B: int) -> None:
@@ -1165,14 +1199,17 @@ def _run_batch(args: tuple, B: int) -> None:
     share cache lines, and sequences interleaved between threads made every gradient
     write a false-sharing miss (T=26, B=64, C=7: two threads took 1.8x one thread's
     time, chunks of neighbours 0.55x).
+
+    A small batch (``_inline``) runs on the calling thread instead: waking the pool's
+    worker (and, on a small machine, sharing its core with torch's still-spinning
+    OpenMP workers) costs more than it saves. Forward+backward, 2 threads against 1
+    (us): T=50 B=8 L=10 197 / 152, T=26 B=16 L=8 212 / 140, B=32 243 / 238, B=64
+    411 / 450.
     """
     n = max(1, min(torch.get_num_threads(), B))
-    if n == 1:
-        _ctc_chunk(*args, _ORDER_NONE, B, 0)
-        return
     chunk = max(1, -(-B // (4 * n)))
     jobs = -(-B // chunk)
-    il = args[4]
+    il = args[5]
     cost = np.add.reduceat(il, np.arange(0, B, chunk)) if jobs > 1 else None
     run_jobs(_ctc_chunk, (*args, _ORDER_NONE, chunk), range(jobs), order=cost)
 
@@ -1196,6 +1233,12 @@ def _host_i64(t: torch.Tensor) -> np.ndarray:
 # NaN policy and reduces itself (one Numba pass; the Python checks, ``poison_nonfinite``
 # and ``finish`` cost ~70 us a call, most of a small batch's budget).
 CHECKS_VALUES = True
+
+
+def _raise_bad(targets, input_lengths, target_lengths, T, C, blank) -> None:  # noqa: ANN001
+    # The Numba checks found a bad value: the Python checks raise the error naming it.
+    ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=True)
+    raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable
 
 
 def ctc_loss_forward(
@@ -1235,12 +1278,12 @@ def ctc_loss_forward(
     tg = tg.reshape(1, -1) if concat else tg
     il = _host_i64(input_lengths)
     tl = _host_i64(target_lengths)
-    if validate:
+    inline = _inline(il, tl)
+    if validate and not inline:
         bad, toff = _check_values(tg, concat, il, tl, T, C, int(blank))
         if bad:
-            ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=True)
-            raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable
-    else:
+            _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
+    elif not inline:
         toff = _offsets(tl) if concat else _NO_OFFSETS
     x = log_probs.detach()
     if x.dtype != work:
@@ -1263,18 +1306,23 @@ def ctc_loss_forward(
     loss = np.empty(B, dtype=np.float64 if work == torch.float64 else np.float32)
     status = np.empty(B, dtype=np.int64)
     red = _REDUCTIONS[reduction]
-    if B > 0:
-        mode = _MODES[_path]
-        _run_batch((xv.numpy(), tb_layout, tg, toff, il, tl, int(blank), bool(fused_log_softmax),
-                    bool(compute_grad), gview, loss, status, mode, int(_SEGMENT_OVERRIDE), red), B)
+    mode = _MODES[_path]
+    out = np.empty((), loss.dtype)
+    args = (xv.numpy(), tb_layout, tg, concat, _NO_OFFSETS if inline else toff, il, tl,
+            int(blank), bool(fused_log_softmax), bool(compute_grad), gview, loss, status, mode,
+            int(_SEGMENT_OVERRIDE), red, bool(zero_infinity), out, bool(validate))
+    if inline:
+        if _ctc_chunk(*args, _ORDER_NONE, 0, 0):
+            _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
+    else:
+        _run_batch(args, B)
+        if zero_infinity or red != RED_NONE:
+            _finish(loss, tl, red, bool(zero_infinity), out)
+    loss = loss if red == RED_NONE else out
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",
                  POISONED: "nonfinite"}
         _status.extend(names[int(s)] for s in status)
-    if zero_infinity or red != RED_NONE:
-        out = np.empty((), loss.dtype)
-        _finish(loss, tl, red, bool(zero_infinity), out)
-        loss = loss if red == RED_NONE else out
     loss_t = torch.from_numpy(loss)
     if grad is None:
         return loss_t, log_probs.new_empty(0)
