@@ -40,7 +40,13 @@ Factory = Callable[[dict], Callable[[], object]]
 def interleaved_times(
     fns: dict[str, Callable[[], object]], repeat: int, warmup: int = 1
 ) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``repeat`` interleaved rounds after ``warmup``."""
+    """Seconds per call of each function, ``repeat`` interleaved rounds after ``warmup``.
+
+    Round ``i`` starts at function ``i mod n`` (rotated order): the call after a peer that
+    churns gigabytes (transformers' ``tdt_loss``) runs on cold caches and freshly faulted
+    memory, and a fixed order charged that to the same function every round (TDT at
+    B8-T150-U40-V1024: 55-65 ms right after transformers, 32-35 ms isolated).
+    """
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -51,8 +57,11 @@ def interleaved_times(
     gc.collect()
     gc.freeze()
     try:
-        for _ in range(repeat):
-            for name, fn in fns.items():
+        names = list(fns)
+        for i in range(repeat):
+            k = i % len(names) if names else 0
+            for name in names[k:] + names[:k]:
+                fn = fns[name]
                 gc.collect()
                 t0 = time.perf_counter()
                 res = fn()
