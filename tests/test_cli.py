@@ -277,3 +277,15 @@ def test_rnnt_align_empty_batch_with_list_targets():
 
     frames, scores = seqloss.rnnt_align(torch.randn(0, 3, 2, 4), [], [], [])
     assert frames.shape[0] == 0 and scores.shape == (0,)
+
+
+def test_bench_timer_rotates_the_order_of_the_calls():
+    # The call after a peer that churns memory runs cold; a fixed order would charge
+    # that to the same function in every round.
+    from seqloss.bench import _common
+
+    seq = []
+    fns = {n: (lambda n=n: seq.append(n)) for n in "abc"}
+    times = _common.interleaved_times(fns, repeat=3, warmup=0)
+    assert seq == list("abc" "bca" "cab")
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}

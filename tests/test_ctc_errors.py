@@ -21,8 +21,31 @@ def test_input_error_is_value_and_runtime_error():
     assert issubclass(InputError, ValueError) and issubclass(InputError, RuntimeError)
 
 
-@pytest.mark.parametrize("backend", ["reference", "numba"])
-def test_value_errors_name_argument_and_index(backend):
+@pytest.mark.parametrize("backend", ["reference", "numba", "numba-pool"])
+def test_value_errors_name_argument_and_index(backend, monkeypatch):
+    if backend == "numba-pool":
+        # A batch this small runs on the calling thread in one Numba call (checks
+        # included); force the pool's path, whose checks run in a call of their own.
+        from seqloss.ctc import numba_cpu
+
+        monkeypatch.setattr(numba_cpu, "POOL_MIN_CELLS", 0)
+        old = torch.get_num_threads()
+        torch.set_num_threads(2)
+        monkeypatch.setattr(numba_cpu, "_ctc_chunk", _no_kernel)
+        backend = "numba"
+        try:
+            _value_cases(backend)
+        finally:
+            torch.set_num_threads(old)
+        return
+    _value_cases(backend)
+
+
+def _no_kernel(*args):  # noqa: ANN002, ANN202
+    raise AssertionError("a kernel ran before the checks raised")
+
+
+def _value_cases(backend: str) -> None:
     lp, tg, il, tl = _ok()
     cases = [
         (dict(il=torch.tensor([8, -1, 8])), r"input_lengths\[1\] = -1 is negative"),
