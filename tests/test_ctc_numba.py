@@ -202,3 +202,47 @@ def test_pool_survives_fork():
 def _child_loss(lp, tg, il, tl):
     torch.set_num_threads(2)
     return nk.ctc_loss_forward(lp, tg, il, tl, 0, False, False)[0]
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("variant", ["padded", "concat", "fused", "btc", "zero_inf", "float32"])
+def test_pool_and_inline_paths_agree(monkeypatch, reduction, variant):
+    """A small batch runs inline (one call: checks, sequences, reduction), a large one on
+    the pool (checks, jobs, then the reduction): both give the same bits, and match the
+    reference."""
+    x, tg, il, tl = _inputs(30, 7, 6, 6, seed=21)
+    il[2] = 4  # infeasible: 4 frames for up to 6 labels (+inf, or 0 with zero_infinity)
+    tl[2] = 6
+    lp = x if variant == "fused" else x.log_softmax(-1)
+    if variant == "float32":
+        lp = lp.float()
+    if variant == "btc":
+        lp = lp.transpose(0, 1).contiguous().transpose(0, 1)  # a (B, T, C) tensor, transposed
+    targets = tg
+    if variant == "concat":
+        targets = torch.cat([tg[b, : tl[b]] for b in range(len(tl))])
+    kw = dict(validate=True, reduction=reduction, zero_infinity=variant == "zero_inf")
+    fused = variant == "fused"
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        outs = []
+        for min_cells in (10**9, 0):  # inline, then the pool
+            monkeypatch.setattr(nk, "POOL_MIN_CELLS", min_cells)
+            outs.append(nk.ctc_loss_forward(lp, targets, il, tl, 0, fused, True, **kw))
+    finally:
+        torch.set_num_threads(old)
+    (la, ga), (lb, gb) = outs
+    assert torch.equal(la, lb) and torch.equal(ga, gb)
+    want, want_g = rk.ctc_loss_forward(lp.double(), tg, il, tl, 0, fused, True)
+    if variant == "zero_inf":
+        want = torch.where(torch.isinf(want), 0.0, want)
+    w = 1.0 / (tl.clamp(min=1).double() * len(tl))
+    if reduction == "sum":
+        want = want.sum()
+    elif reduction == "mean":
+        want = (want * w).sum()
+        want_g = want_g * w[None, :, None]
+    tol = 1e-5 if variant == "float32" else 1e-10
+    torch.testing.assert_close(la.double(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(ga.double(), want_g, rtol=0, atol=tol)
