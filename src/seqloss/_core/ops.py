@@ -207,10 +207,22 @@ class _EagerLoss(torch.autograd.Function):
         return None, _loss_backward(ctx, grad_loss)
 
 
-# The C++ ``apply`` of ``_EagerLoss``, without ``Function.apply``'s Python wrapper (which
-# binds default arguments for ``setup_context`` and unwraps dead functorch wrappers:
-# neither applies with no functorch transform active).
-_eager_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerLoss)  # noqa: SLF001
+def c_apply(cls: type[torch.autograd.Function]):  # noqa: ANN201
+    """``cls``'s C++ ``apply``, without ``Function.apply``'s Python wrapper (~1 us a call,
+    which binds default arguments for ``setup_context`` and unwraps dead functorch
+    wrappers: neither applies with no functorch transform active). Call it through
+    ``apply_eagerly``."""
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)  # noqa: SLF001
+
+
+def apply_eagerly(cls: type[torch.autograd.Function], fast, *args):  # noqa: ANN001, ANN201
+    """``cls.apply(*args)``; ``fast`` (``c_apply(cls)``) when no functorch transform is active."""
+    if not torch._C._are_functorch_transforms_active():  # noqa: SLF001
+        return fast(*args)
+    return cls.apply(*args)
+
+
+_eager_apply = c_apply(_EagerLoss)
 
 
 class _FuncLoss(torch.autograd.Function):
@@ -247,10 +259,7 @@ def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple
         return op(x, *rest)
     if not rest[-2]:  # no gradient wanted: no autograd wrapper either
         return impl(x, *rest)
-    if not torch._C._are_functorch_transforms_active():  # noqa: SLF001
-        # torch's own ``Function.apply`` does exactly this then, after ~1 us of Python.
-        return _eager_apply((impl, batch_dim, per_batch, rest), x)
-    return _EagerLoss.apply((impl, batch_dim, per_batch, rest), x)
+    return apply_eagerly(_EagerLoss, _eager_apply, (impl, batch_dim, per_batch, rest), x)
 
 
 def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:

@@ -1279,11 +1279,13 @@ def ctc_loss_forward(
     il = _host_i64(input_lengths)
     tl = _host_i64(target_lengths)
     inline = _inline(il, tl)
-    if validate and not inline:
+    if inline:
+        toff = _NO_OFFSETS  # the one Numba call checks the values and finds the offsets
+    elif validate:
         bad, toff = _check_values(tg, concat, il, tl, T, C, int(blank))
         if bad:
             _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
-    elif not inline:
+    else:
         toff = _offsets(tl) if concat else _NO_OFFSETS
     x = log_probs.detach()
     if x.dtype != work:
@@ -1308,7 +1310,7 @@ def ctc_loss_forward(
     red = _REDUCTIONS[reduction]
     mode = _MODES[_path]
     out = np.empty((), loss.dtype)
-    args = (xv.numpy(), tb_layout, tg, concat, _NO_OFFSETS if inline else toff, il, tl,
+    args = (xv.numpy(), tb_layout, tg, concat, toff, il, tl,
             int(blank), bool(fused_log_softmax), bool(compute_grad), gview, loss, status, mode,
             int(_SEGMENT_OVERRIDE), red, bool(zero_infinity), out, bool(validate))
     if inline:

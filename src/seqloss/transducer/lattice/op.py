@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..._core import checks as _validate
 from ..._core.dispatch import kernel_module
-from ..._core.ops import _is_traced, grads_to_hand_on
+from ..._core.ops import _is_traced, apply_eagerly, c_apply, grads_to_hand_on
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -153,9 +153,7 @@ def call_lattice(ab: Tensor, ae: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]
         return lattice_op(ab, ae, *rest)
     if not rest[-2]:  # no gradient wanted
         return lattice_impl(ab, ae, *rest)
-    if not torch._C._are_functorch_transforms_active():  # noqa: SLF001
-        return _lattice_apply(rest, ab, ae)  # Function.apply minus its Python wrapper
-    return _EagerLattice.apply(rest, ab, ae)
+    return apply_eagerly(_EagerLattice, _lattice_apply, rest, ab, ae)
 
 
-_lattice_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _EagerLattice)  # noqa: SLF001
+_lattice_apply = c_apply(_EagerLattice)
