@@ -30,7 +30,8 @@ def _poison(fn):
     def wrapped(*args, **kwargs):
         t = fn(*args, **kwargs)
         if t.is_floating_point():
-            t.fill_(float("nan"))
+            with torch.no_grad():  # a leaf made with requires_grad=True (inductor's own)
+                t.fill_(float("nan"))
         return t
 
     return wrapped

@@ -13,6 +13,7 @@ from .._core.module import LossModule
 from .._core.ops import call_loss_op
 from .._core.types import IntsLike, Reduction
 from .checks import ctc_inputs
+from .fast import ctc_fast
 from .op import ctc_loss_impl, ctc_loss_op
 
 
@@ -74,6 +75,10 @@ def ctc_loss(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd, torch.compile (fullgraph), deterministic.
     """
+    loss = ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                    zero_infinity, fused_log_softmax, backend, validate)
+    if loss is not None:
+        return loss
     checks.check_float_tensor(log_probs, "log_probs")
     checks.check_reduction(reduction)
     blank = checks.int_arg(blank, "blank")

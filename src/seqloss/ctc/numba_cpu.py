@@ -65,7 +65,9 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
+from numba import carray, njit
+from numba.core import types
+from numba.extending import intrinsic
 
 from .._core import buffers
 from .._core.numba_pool import run_jobs
@@ -1133,33 +1135,61 @@ def _finish(loss, tl, red, zero_infinity, out):
         for b in range(B):
             v = np.float64(loss[b])
             acc += v / (max(tl[b], 1) * B) if red == RED_MEAN else v
-        out[()] = acc
+        out[0] = acc
+
+
+@intrinsic
+def _ptr(typingctx, addr, like):  # noqa: ANN001, ANN202
+    """The integer ``addr`` as a pointer to values of ``like``'s type (for ``carray``)."""
+    ptr_t = types.CPointer(like)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.inttoptr(args[0], context.get_value_type(ptr_t))
+
+    return ptr_t(addr, like), codegen
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_chunk(x, tb_layout, targets, concat, toff, il, tl, blank, fused, compute_grad, grad,
-               loss, status, mode, seg, red, zero_infinity, out, validate, order, chunk, job):
-    """Sequences ``order[job * chunk : (job + 1) * chunk]`` (``order`` empty: the
-    identity), one ``_ctc_seq`` each: a job of the pool (see ``_run_batch``).
+def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank, fused,
+               compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp, validate,
+               chunk, job):
+    """Sequences ``job * chunk`` to ``(job + 1) * chunk - 1``, one ``_ctc_seq`` each: a job
+    of the pool (see ``_run_batch``).
+
+    The arrays arrive as addresses of C-contiguous memory (torch tensors' ``data_ptr()``)
+    with their shapes: ``x`` and ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)``
+    of ``zero``'s dtype (float32 or float64), ``targets (R, S)``, ``il``, ``tl`` and the
+    offsets ``toff`` ``(B,)`` int64, ``loss (B,)``, ``status (B,)`` int64, ``out (1,)``.
+    Address 0 (``toff``, ``loss``, ``status``, ``out``): not wanted, scratch memory is
+    used. A numpy array per argument cost ``Tensor.numpy()`` (~0.5 us) or an allocation
+    and ``torch.from_numpy`` each, and its unboxing here: a quarter of a B = 1 call.
 
     One dispatch from Python per chunk, not per sequence: a Numba call unboxes its
-    arguments under the GIL (~10 us for these), as long as a short sequence's whole
+    arguments under the GIL, which takes as long as a short sequence's whole
     recursion, so per-sequence calls from a thread pool would mostly wait on the GIL.
 
     ``chunk = 0``: the whole call on the calling thread (a small batch, ``_inline``), in
-    one dispatch instead of three (each ~1 us of a B = 1 call's ~30): the value checks
-    when ``validate`` (a nonzero return, as ``_check_values``: nothing computed; ``toff``
-    is then computed here), every sequence, then ``_finish`` into ``out``. One function
-    for both: a second entry point compiling the same callees cost 3.6 s more on a
-    fresh cache.
+    one dispatch instead of three: the value checks when ``validate`` (a nonzero
+    return, as ``_check_values``: nothing computed; the offsets are then computed
+    here), every sequence, then ``_finish`` into ``out``. One function for both: a
+    second entry point compiling the same callees costs 2.5-3.6 s more on a fresh cache.
     """
-    B = il.shape[0]
+    i0 = np.int64(0)
+    shape = (T, B, C) if tb_layout else (B, T, C)
+    x = carray(_ptr(xp, zero), shape)
+    grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
+    targets = carray(_ptr(tgp, i0), (R, S))
+    il = carray(_ptr(ilp, i0), (B,))
+    tl = carray(_ptr(tlp, i0), (B,))
+    toff = carray(_ptr(toffp, i0), (B,)) if toffp != 0 else np.empty(0, np.int64)
+    loss = carray(_ptr(lossp, zero), (B,)) if lossp != 0 else np.empty(B, x.dtype)
+    status = carray(_ptr(statusp, i0), (B,)) if statusp != 0 else np.empty(B, np.int64)
+    out = carray(_ptr(outp, zero), (1,)) if outp != 0 else np.empty(1, x.dtype)
     if chunk > 0:
         for k in range(job * chunk, min(B, (job + 1) * chunk)):
             _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
-                     loss, status, mode, seg, red, order[k] if order.shape[0] else k)
+                     loss, status, mode, seg, red, k)
         return 0
-    T = x.shape[0] if tb_layout else x.shape[1]
     if validate:
         bad, offs = _check_values(targets, concat, il, tl, T, x.shape[2], blank)
         if bad:
@@ -1186,7 +1216,7 @@ def _inline(il: np.ndarray, tl: np.ndarray) -> bool:
             or int(np.dot(il, 2 * tl + 1)) < POOL_MIN_CELLS)
 
 
-def _run_batch(args: tuple, B: int) -> None:
+def _run_batch(args: tuple, B: int, il: np.ndarray) -> None:
     """Run ``_ctc_seq`` for every sequence on the shared pool, in chunks, longest first.
 
     Why a thread pool and not ``prange``: a ``parallel=True`` driver around these
@@ -1209,9 +1239,8 @@ def _run_batch(args: tuple, B: int) -> None:
     n = max(1, min(torch.get_num_threads(), B))
     chunk = max(1, -(-B // (4 * n)))
     jobs = -(-B // chunk)
-    il = args[5]
     cost = np.add.reduceat(il, np.arange(0, B, chunk)) if jobs > 1 else None
-    run_jobs(_ctc_chunk, (*args, _ORDER_NONE, chunk), range(jobs), order=cost)
+    run_jobs(_ctc_chunk, (*args, chunk), range(jobs), order=cost)
 
 
 def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -1223,10 +1252,10 @@ def _as_layout(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return x.contiguous(), True
 
 
-def _host_i64(t: torch.Tensor) -> np.ndarray:
+def _host_i64(t: torch.Tensor) -> torch.Tensor:
     if t.dtype != torch.int64 or not t.is_cpu or not t.is_contiguous() or t.requires_grad:
         t = t.detach().to(device="cpu", dtype=torch.int64).contiguous()
-    return t.numpy()
+    return t
 
 
 # The op asks the backend whether its kernel checks the lengths and ids, applies the
@@ -1274,68 +1303,66 @@ def ctc_loss_forward(
     in_dtype = log_probs.dtype
     work = torch.float64 if in_dtype == torch.float64 else torch.float32
     tg = _host_i64(targets)
-    concat = tg.ndim == 1
-    tg = tg.reshape(1, -1) if concat else tg
-    il = _host_i64(input_lengths)
-    tl = _host_i64(target_lengths)
+    concat = tg.dim() == 1
+    R, S = (1, tg.shape[0]) if concat else tg.shape
+    il_t = _host_i64(input_lengths)
+    tl_t = _host_i64(target_lengths)
+    il, tl = il_t.numpy(), tl_t.numpy()
     inline = _inline(il, tl)
+    toff = None
     if inline:
-        toff = _NO_OFFSETS  # the one Numba call checks the values and finds the offsets
+        pass  # the one Numba call checks the values and finds the offsets
     elif validate:
-        bad, toff = _check_values(tg, concat, il, tl, T, C, int(blank))
+        bad, toff = _check_values(tg.numpy().reshape(R, S), concat, il, tl, T, C, int(blank))
         if bad:
             _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
-    else:
-        toff = _offsets(tl) if concat else _NO_OFFSETS
+    elif concat:
+        toff = _offsets(tl)
     x = log_probs.detach()
     if x.dtype != work:
         x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
     xv, tb_layout = _as_layout(x)
+    grad = None
+    gp = 0
     if compute_grad:
         shape = (T, B, C) if tb_layout else (B, T, C)
         if T * B * C * work.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
             gbuf = buffers.empty(shape, work)
-            gview = gbuf.numpy()
         else:
-            # numpy's allocation, wrapped: torch.empty + .numpy() cost 3 us more per call
-            gview = np.empty(shape, np.float64 if work == torch.float64 else np.float32)
-            gbuf = torch.from_numpy(gview)
+            gbuf = torch.empty(shape, dtype=work)
+        gp = gbuf.data_ptr()
         grad = gbuf if tb_layout else gbuf.transpose(0, 1)
-    else:
-        gview = _NO_GRAD64 if work == torch.float64 else _NO_GRAD32
-        grad = None
     # float32 losses are stored straight from the float64 accumulators (one rounding)
-    loss = np.empty(B, dtype=np.float64 if work == torch.float64 else np.float32)
-    status = np.empty(B, dtype=np.int64)
+    loss = torch.empty(B, dtype=work)
+    status = torch.empty(B, dtype=torch.int64) if _status is not None else None
     red = _REDUCTIONS[reduction]
-    mode = _MODES[_path]
-    out = np.empty((), loss.dtype)
-    args = (xv.numpy(), tb_layout, tg, concat, toff, il, tl,
-            int(blank), bool(fused_log_softmax), bool(compute_grad), gview, loss, status, mode,
-            int(_SEGMENT_OVERRIDE), red, bool(zero_infinity), out, bool(validate))
+    out = torch.empty((), dtype=work)
+    toff_t = torch.from_numpy(toff) if toff is not None and concat else None
+    args = (_ZERO[work], xv.data_ptr(), tb_layout, T, B, C, tg.data_ptr(), R, S, concat,
+            0 if toff_t is None else toff_t.data_ptr(), il_t.data_ptr(), tl_t.data_ptr(),
+            int(blank), bool(fused_log_softmax), bool(compute_grad), gp, loss.data_ptr(),
+            0 if status is None else status.data_ptr(), _MODES[_path], int(_SEGMENT_OVERRIDE),
+            red, bool(zero_infinity), out.data_ptr(), bool(validate))
     if inline:
-        if _ctc_chunk(*args, _ORDER_NONE, 0, 0):
+        if _ctc_chunk(*args, 0, 0):
             _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
     else:
-        _run_batch(args, B)
+        _run_batch(args, B, il)
         if zero_infinity or red != RED_NONE:
-            _finish(loss, tl, red, bool(zero_infinity), out)
+            _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1))
     loss = loss if red == RED_NONE else out
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",
                  POISONED: "nonfinite"}
         _status.extend(names[int(s)] for s in status)
-    loss_t = torch.from_numpy(loss)
     if grad is None:
-        return loss_t, log_probs.new_empty(0)
+        return loss, log_probs.new_empty(0)
     if grad.dtype != in_dtype:
         grad = grad.to(in_dtype)
-    return loss_t, grad
+    return loss, grad
 
 
 _MODES = {"auto": 0, "extended": 1, "logspace": 2}
 _REDUCTIONS = {"none": RED_NONE, "sum": RED_SUM, "mean": RED_MEAN}
-_NO_OFFSETS = np.zeros(0, np.int64)
-_ORDER_NONE = np.zeros(0, np.int64)
-_NO_GRAD32 = np.empty((0, 0, 0), np.float32)
-_NO_GRAD64 = np.empty((0, 0, 0), np.float64)
+# The entry point's dtype comes from this argument's (the arrays arrive as addresses).
+_ZERO = {torch.float32: np.float32(0.0), torch.float64: np.float64(0.0)}

@@ -1,0 +1,153 @@
+"""CTC's eager CPU fast lane: the common small call in a few dozen Python operations.
+
+A small batch's forward+backward is mostly per-call glue: at T=20, B=1, C=10 the Numba
+kernel takes ~6 us and autograd's engine ~13 us, and the general path's argument
+conversions, dispatch and kernel wrapper took ~27 us more (torch's whole call: ~34 us).
+This lane takes the call a training loop makes -- a CPU float32/float64 ``(T, B, C)``
+tensor, int64 CPU tensors for the targets and lengths, the Numba backend, no tracing,
+no functorch transform, a batch the calling thread runs (``numba_cpu._inline``) --
+recognises it with exact-type tests, and calls the general path's own Numba entry
+point (which checks the values and raises the same errors) behind an
+``autograd.Function`` with the same semantics as ``_core.ops._EagerLoss``. Any other
+call returns ``None`` and takes the general path; both give the same bits
+(``tests/test_ctc_fast.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .._core import buffers
+from .._core.dispatch import _AVAILABLE, kernel_module
+from .._core.ops import batch_product, c_apply, conform_layout, grad_to_hand_on
+
+_F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
+_grad_enabled = torch.is_grad_enabled
+_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active  # noqa: SLF001
+_is_functional = torch._is_functional_tensor  # noqa: SLF001
+# Whether the running backward keeps the graph (retain_graph); see _core.ops._keep_graph.
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)  # noqa: SLF001
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
+# os.environ.get costs ~0.6 us; its backing dict (kept in step by os.environ's setters)
+# ~0.05 us. The lane only runs where SEQLOSS_BACKEND leaves the default: unset, "" or
+# "auto" (or "numba").
+_ENV = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey("SEQLOSS_BACKEND") if _ENV is not None else None
+_ENV_OK = {None, *(os.environ.encodevalue(v) for v in ("", "auto", "numba"))} if _ENV is not None else ()
+_SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
+_kern = None  # seqloss.ctc.numba_cpu, imported on first use (it imports numba)
+
+
+def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,  # noqa: ANN001, ANN201
+             zero_infinity, fused_log_softmax, backend, validate):
+    """``ctc_loss`` for the common eager CPU call, or ``None`` to take the general path."""
+    global _kern
+    if (type(log_probs) is not Tensor or (log_probs.dtype is not _F32 and log_probs.dtype is not _F64)
+            or not log_probs.is_cpu or log_probs.dim() != 3 or type(blank) is not int
+            or type(targets) is not Tensor or targets.dtype is not _I64 or not targets.is_cpu
+            or not targets.is_contiguous() or _ENV is None
+            or (backend != "numba" and (backend != "auto" or _ENV.get(_ENV_KEY) not in _ENV_OK))):
+        return None
+    T, B, C = log_probs.shape
+    il, tl = input_lengths, target_lengths
+    if (B == 0 or not 0 <= blank < C
+            or type(il) is not Tensor or il.dtype is not _I64 or not il.is_cpu or il.dim() != 1
+            or il.shape[0] != B or not il.is_contiguous()
+            or type(tl) is not Tensor or tl.dtype is not _I64 or not tl.is_cpu or tl.dim() != 1
+            or tl.shape[0] != B or not tl.is_contiguous()
+            or not (targets.dim() == 1 or (targets.dim() == 2 and targets.shape[0] == B))
+            or _compiling() or _transforms_active() or _is_functional(log_probs)
+            or not _AVAILABLE["numba"]):
+        return None
+    k = _kern
+    if k is None:
+        k = _kern = kernel_module("ctc", "numba")
+    red = k._REDUCTIONS.get(reduction) if type(reduction) is str else None  # noqa: SLF001
+    if red is None or (B > 1 and not k._inline(il.numpy(), tl.numpy())):  # noqa: SLF001
+        return None
+    if log_probs.is_contiguous():
+        tb_layout = True
+    elif log_probs.transpose(0, 1).is_contiguous():
+        tb_layout = False
+    else:
+        return None
+    compute_grad = log_probs.requires_grad and _grad_enabled()
+    dt = log_probs.dtype
+    grad = None
+    gp = 0
+    if compute_grad:
+        if T * B * C * dt.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
+            buf = buffers.empty((T, B, C) if tb_layout else (B, T, C), dt)
+            view = buf if tb_layout else buf.transpose(0, 1)
+            if view.stride() == log_probs.stride():
+                grad, gp = view, buf.data_ptr()
+        if gp == 0:
+            # Dense in lp's layout (the kernel's view of it), the fake kernel's strides;
+            # empty_like skips torch.empty's argument parsing (0.65 vs 1.3 us).
+            grad = torch.empty_like(log_probs)
+            gp = grad.data_ptr()
+    # red 0 (RED_NONE): the (B,) losses; else the reduction, into a 0-D tensor
+    res = log_probs.new_empty((B,)) if red == 0 else torch.empty_like(_SCALAR[dt])
+    rp = res.data_ptr()
+    concat = targets.dim() == 1
+    R, S = (1, targets.shape[0]) if concat else targets.shape
+    kargs = (k._ZERO[dt], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S,  # noqa: SLF001
+             concat, 0, il.data_ptr(), tl.data_ptr(), blank, bool(fused_log_softmax),
+             compute_grad, gp, rp if red == 0 else 0, 0, 0, int(k._SEGMENT_OVERRIDE), red,  # noqa: SLF001
+             bool(zero_infinity), 0 if red == 0 else rp, bool(validate), 0, 0)
+    spec = (k, kargs, res, grad, targets, il, tl, bool(validate))
+    if compute_grad:
+        return _apply(spec, log_probs)[0]
+    _run(spec, log_probs)
+    return res
+
+
+def _run(spec, lp):  # noqa: ANN001, ANN202
+    # numba_cpu.ctc_loss_forward's inline branch, the arguments checked and made (the
+    # kernel checks the values: a nonzero return names none, the Python checks do).
+    k, kargs = spec[0], spec[1]
+    if k._ctc_chunk(*kargs):  # noqa: SLF001
+        T, _, C = lp.shape
+        k._raise_bad(spec[4], spec[5], spec[6], T, C, kargs[13])  # noqa: SLF001
+
+
+class _FastCTC(torch.autograd.Function):
+    """``_core.ops._EagerLoss`` for the lane: the same outputs, saved tensor and backward
+    rule (``grad_to_hand_on``), with the common case of the backward written out."""
+
+    @staticmethod
+    def forward(ctx, spec, lp):  # noqa: ANN001, ANN205
+        _run(spec, lp)
+        grad = spec[3]
+        ctx.validate = spec[7]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(grad)
+        # The common backward hands this alias on: unpacking the saved output (attached
+        # to this node, for the other cases) and detaching it cost ~1.2 us. Dropped at
+        # the first backward; a kept graph (retain_graph) always takes the saved one.
+        ctx.grad = grad.detach()
+        return spec[2], grad
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001, ANN205
+        grad = ctx.grad
+        ctx.grad = None
+        # The usual loss.backward() of a reduced loss: hand the gradient on (see
+        # grad_to_hand_on, whose other cases this defers to).
+        if (grad is not None and type(grad_loss) is Tensor and not _grad_enabled()
+                and not _keep_graph() and grad_loss.dim() == 0 and ctx.validate
+                and not _compiling() and not _wrapped(grad_loss) and grad_loss.item() == 1):
+            return None, grad
+        if grad_loss is None:
+            return None, None
+        (grad,) = ctx.saved_tensors
+        if _wrapped(grad_loss):
+            return None, batch_product(grad, grad_loss, 1)
+        return None, grad_to_hand_on(grad, grad_loss, 1, ctx.validate)
+
+
+_apply = c_apply(_FastCTC)
