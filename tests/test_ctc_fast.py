@@ -145,8 +145,9 @@ def test_lane_value_errors_name_the_argument():
     bad_tg = tg.clone()
     bad_tg[1, 0] = 0  # the blank, inside target 1
     bad_tl = torch.tensor([3, 4])
-    for args, what in (((tg, bad_il, tl), "input_lengths"), ((bad_tg, il, torch.tensor([3, 3])), "targets"),
-                       ((tg, il, bad_tl), "target_lengths")):
+    cases = (((tg, bad_il, tl), "input_lengths"), ((bad_tg, il, torch.tensor([3, 3])), "targets"),
+             ((tg, il, bad_tl), "target_lengths"))
+    for args, what in cases:
         with pytest.raises(InputError, match=what):
             seqloss.ctc_loss(lp, *args)
 

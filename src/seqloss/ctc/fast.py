@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._core import buffers
 from .._core.dispatch import _AVAILABLE, kernel_module
-from .._core.ops import batch_product, c_apply, conform_layout, grad_to_hand_on
+from .._core.ops import batch_product, c_apply, grad_to_hand_on
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _grad_enabled = torch.is_grad_enabled
@@ -37,7 +37,8 @@ _wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
 # "auto" (or "numba").
 _ENV = getattr(os.environ, "_data", None)
 _ENV_KEY = os.environ.encodekey("SEQLOSS_BACKEND") if _ENV is not None else None
-_ENV_OK = {None, *(os.environ.encodevalue(v) for v in ("", "auto", "numba"))} if _ENV is not None else ()
+_ENV_OK = ({None, *(os.environ.encodevalue(v) for v in ("", "auto", "numba"))}
+           if _ENV is not None else ())
 _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
 _kern = None  # seqloss.ctc.numba_cpu, imported on first use (it imports numba)
 
@@ -46,7 +47,8 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
              zero_infinity, fused_log_softmax, backend, validate):
     """``ctc_loss`` for the common eager CPU call, or ``None`` to take the general path."""
     global _kern
-    if (type(log_probs) is not Tensor or (log_probs.dtype is not _F32 and log_probs.dtype is not _F64)
+    dt = log_probs.dtype if type(log_probs) is Tensor else None
+    if (dt is None or (dt is not _F32 and dt is not _F64)
             or not log_probs.is_cpu or log_probs.dim() != 3 or type(blank) is not int
             or type(targets) is not Tensor or targets.dtype is not _I64 or not targets.is_cpu
             or not targets.is_contiguous() or _ENV is None
