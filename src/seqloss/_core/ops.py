@@ -57,10 +57,10 @@ def _no_double_backward(ctx, g):  # noqa: ANN001
 scale_grad.register_autograd(_no_double_backward)
 
 
-def _keep_graph() -> bool:
-    """Whether the running backward keeps the graph (``retain_graph=True``)."""
-    f = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)  # noqa: SLF001
-    return True if f is None else bool(f())
+# Whether the running backward keeps the graph (``retain_graph=True``); where torch does not
+# say, assume it does (the safe answer: a fresh product instead of the saved gradient).
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph",  # noqa: SLF001
+                      lambda: True)
 
 
 def _all_ones(g: Tensor) -> bool:

@@ -22,15 +22,13 @@ from torch import Tensor
 
 from .._core import buffers
 from .._core.dispatch import _AVAILABLE, kernel_module
-from .._core.ops import batch_product, c_apply, grad_to_hand_on
+from .._core.ops import _keep_graph, batch_product, c_apply, grad_to_hand_on
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _grad_enabled = torch.is_grad_enabled
 _compiling = torch.compiler.is_compiling
 _transforms_active = torch._C._are_functorch_transforms_active  # noqa: SLF001
 _is_functional = torch._is_functional_tensor  # noqa: SLF001
-# Whether the running backward keeps the graph (retain_graph); see _core.ops._keep_graph.
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)  # noqa: SLF001
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
 # os.environ.get costs ~0.6 us; its backing dict (kept in step by os.environ's setters)
 # ~0.05 us. The lane only runs where SEQLOSS_BACKEND leaves the default: unset, "" or
@@ -78,7 +76,6 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     else:
         return None
     compute_grad = log_probs.requires_grad and _grad_enabled()
-    dt = log_probs.dtype
     grad = None
     gp = 0
     if compute_grad:
