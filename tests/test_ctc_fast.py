@@ -122,6 +122,9 @@ def test_lane_autograd_semantics():
     lp.grad.zero_()
     loss.backward()
     assert torch.equal(lp.grad, first) and torch.equal(first, g)
+    # a third backward through the freed graph: torch's error, not a stale gradient
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
     # a weighted backward of the per-sequence losses
     lp.grad = None
     w = torch.tensor([0.5, 2.0, -1.0])
@@ -131,6 +134,7 @@ def test_lane_autograd_semantics():
     assert torch.equal(lp.grad, ref)
     # double backward: the clear error, not a silent zero
     (g2,) = torch.autograd.grad(seqloss.ctc_loss(lp, tg, il, tl), lp, create_graph=True)
+    assert torch.equal(g2.detach(), g) and g2.requires_grad
     with pytest.raises(RuntimeError, match="double backward"):
         (g2 ** 2).sum().backward()
     # no grad wanted: no graph
