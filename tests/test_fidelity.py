@@ -270,7 +270,7 @@ def test_dtype_errors_are_runtime_errors_too():
     lp = torch.randn(6, 1, 4).log_softmax(-1)
     with pytest.raises(RuntimeError, match="log_probs"):
         seqloss.ctc_loss(lp.long(), [[1]], [6], [1])
-    with pytest.raises(TypeError, match="input_lengths"):
+    with pytest.raises(RuntimeError, match="input_lengths"):
         seqloss.ctc_loss(lp, [[1]], torch.tensor([6.0]), [1])
     with pytest.raises(RuntimeError, match="targets"):
         seqloss.ctc_loss(lp, torch.tensor([[1.0]]), [6], [1])
@@ -323,6 +323,20 @@ def test_torch_func_grad_ctc_and_rnnt():
     z = torch.linspace(-1, 1, 7, dtype=torch.float64)
     gz = torch.func.grad(lambda t: (seqloss.grad_clamp(3 * t, 1.0) ** 2).sum() / 2)(z)
     torch.testing.assert_close(gz, 3 * (9 * z).clamp(-1, 1))
+
+
+def test_torch_func_vjp_per_sequence_weights():
+    # README: torch.func.grad/vjp work. A weighted cotangent of the per-sequence losses.
+    x, tg, il, tl = _ctc_batch()
+    w = torch.tensor([0.5, -2.0, 3.0], dtype=x.dtype)
+    loss, vjp = torch.func.vjp(
+        lambda z: seqloss.ctc_loss(z.log_softmax(-1), tg, il, tl, reduction="none"), x)
+    (g,) = vjp(w)
+    y = x.clone().requires_grad_()
+    want = F.ctc_loss(y.log_softmax(-1), tg, il, tl, reduction="none")
+    want.backward(w)
+    torch.testing.assert_close(loss, want.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(g, y.grad, rtol=1e-9, atol=1e-12)
 
 
 def test_doctor_names_an_unknown_key():

@@ -538,3 +538,24 @@ def test_hypothesis_numba_vs_reference(B, T, U, V, blank_last, fused, seed):
     b, gb = _loss_grad(x, tg, il, tl, "reference", blank=blank, fused_log_softmax=fused)
     assert_close_budget(a, b, rtol=1e-12, what="loss")
     assert_close_budget(ga, gb, rtol=1e-11, atol=1e-14, what="grad")
+
+
+def test_inplace_grad_under_compile_is_a_graph_break():
+    # README: "under torch.compile it is a graph break (fullgraph=True raises)".
+    pytest.importorskip("numba")
+    x, tg, il, tl = _batch(2, 6, 3, 5, seed=20)
+    w = torch.eye(x.shape[-1]).requires_grad_()
+
+    def f(x, w):  # noqa: ANN001, ANN202
+        return seqloss.rnnt_loss(x @ w, tg, il, tl, blank=0, backend="numba", inplace_grad=True)
+
+    want = f(x, w)
+    (gw_want,) = torch.autograd.grad(want, w)
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="inductor")(x, w)
+    (gw,) = torch.autograd.grad(got, w)
+    assert torch.equal(got, want)
+    torch.testing.assert_close(gw, gw_want, rtol=1e-6, atol=1e-6)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="disable"):
+        torch.compile(f, backend="inductor", fullgraph=True)(x, w)

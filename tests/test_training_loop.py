@@ -153,3 +153,66 @@ def test_retain_graph_second_backward(name):
     first = x.grad.clone()
     loss.backward()
     torch.testing.assert_close(x.grad, 2 * first, rtol=1e-6, atol=1e-7)
+
+
+# The same losses with their differentiable inputs as leaves (what torch's own CTC tests
+# do): the gradient a backward hands on becomes the leaf's ``.grad`` itself, so it must be
+# a plain tensor that a user may zero, and never the op's saved one while the graph is kept.
+def _leaf(*shape):  # noqa: ANN002, ANN202
+    g = torch.Generator().manual_seed(sum(shape))
+    return torch.randn(*shape, generator=g).requires_grad_()
+
+
+def _joint_leaf(v=V):  # noqa: ANN001, ANN202
+    return _joint(_leaf(B, T, v)).detach().requires_grad_()
+
+
+LEAF_CASES = {
+    "ctc": lambda: ((_leaf(T, B, V).log_softmax(-1).detach().requires_grad_(),),
+                    lambda lp: seqloss.ctc_loss(lp, TG, IL, TL)),
+    "ctc_fused": lambda: ((_leaf(T, B, V),),
+                          lambda x: seqloss.ctc_loss(x, TG, IL, TL, fused_log_softmax=True)),
+    "rnnt": lambda: ((_joint_leaf(),), lambda j: seqloss.rnnt_loss(j, TG, IL, TL)),
+    "packed": lambda: ((_joint_leaf().reshape(-1, V)[ROWS].detach().requires_grad_(),),
+                       lambda r: seqloss.rnnt_loss_packed(r, TG, IL, TL, reduction="sum")),
+    "multiblank": lambda: ((_joint_leaf(),),
+                           lambda j: seqloss.multiblank_rnnt_loss(j, TG, IL, TL, [2, 3])),
+    "tdt": lambda: ((_joint_leaf(),), lambda j: seqloss.tdt_loss(j, TG, IL, TL, [0, 1, 2],
+                                                                  blank=5)),
+    "tdt_pair": lambda: ((_joint_leaf(6), _joint_leaf(3)),
+                         lambda a, d: seqloss.tdt_loss((a, d), TG, IL, TL, [0, 1, 2], blank=5)),
+    "lattice": lambda: ((_joint_leaf(2).log_softmax(-1).detach().requires_grad_(),
+                         _joint_leaf(2).log_softmax(-1).detach().requires_grad_()),
+                        lambda a, e: -seqloss.transducer_lattice(a, e, IL, TL, (1, 2),
+                                                                 (0, 1)).sum()),
+    "logmmexp": lambda: ((_leaf(B, T, V), _leaf(B, V, 5)),
+                         lambda a, b: seqloss.logmmexp(a, b).logsumexp((-1, -2)).sum()),
+    "simple": lambda: ((_leaf(B, U + 1, V), _leaf(B, T, V)),
+                       lambda lm, am: seqloss.rnnt_loss_simple(lm, am, TG, 0)),
+    "smoothed": lambda: ((_leaf(B, U + 1, V), _leaf(B, T, V)),
+                         lambda lm, am: seqloss.rnnt_loss_smoothed(lm, am, TG, 0,
+                                                                   rnnt_type="modified")),
+    "pruned": lambda: ((_leaf(B, T, 2, V),),
+                       lambda lg: seqloss.rnnt_loss_pruned(lg, TG, RANGES, 0)),
+    "from_joint": lambda: ((_leaf(B, T, V), _leaf(B, U + 1, V)),
+                           lambda e, p: seqloss.rnnt_loss_from_joint(
+                               e, p, lambda a, b: a[:, :, None] + b[:, None], TG, IL, TL)),
+}
+
+
+@pytest.mark.parametrize("name", list(LEAF_CASES))
+def test_leaf_grads_are_plain_and_survive_zeroing(name):
+    leaves, f = LEAF_CASES[name]()
+    want = torch.autograd.grad(f(*leaves), leaves)
+    for g in want:
+        assert not g.requires_grad and g.grad_fn is None
+        g.numpy()  # a plain CPU tensor
+    loss = f(*leaves)
+    loss.backward(retain_graph=True)
+    first = [x.grad.clone() for x in leaves]
+    for x in leaves:
+        x.grad.zero_()
+    loss.backward()
+    for x, g1, g in zip(leaves, first, want, strict=True):
+        assert torch.equal(x.grad, g1), name
+        torch.testing.assert_close(g1, g, rtol=1e-6, atol=1e-7)
