@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One prepared device run (see DEVELOPERS.md): CUDA tests of the Triton kernels, then the
-# CUDA benchmark; everything it prints goes under $OUT. The device image has CUDA torch,
-# Triton, Numba, pytest and hypothesis but no network: run from the source tree.
-#   run(command="bash benchmarks/gpu_check.sh", timeout_s=540)
+# One GPU check in a single run (CONTRIBUTING.md): the CUDA tests of the Triton kernels,
+# then the CUDA benchmark; everything it prints goes under $OUT. Needs CUDA torch, Triton,
+# Numba, pytest and hypothesis; runs from the source tree (no install, no network):
+#   OUT=/some/dir bash benchmarks/gpu_check.sh      (about 9 minutes at most)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -11,5 +11,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 python -c "import rich" 2>/dev/null || echo "rich missing: CLI tests will fail (not run here)"
 timeout 300 python -m pytest -q -x -p no:cacheprovider \
   tests/test_ctc.py tests/test_ctc_triton.py tests/test_rnnt.py tests/test_transducer_triton.py \
-  tests/test_align.py -k "triton and not hypothesis" 2>&1 | tee "$OUT/tests.txt" | tail -30
+  tests/test_align.py tests/test_lattice.py tests/test_joint_table.py tests/test_joint_triton.py \
+  -k "triton and not hypothesis" 2>&1 | tee "$OUT/tests.txt" | tail -30
+# validate=False on CUDA: no host read in seqloss's code and, in torch's sync debug mode, no
+# synchronizing CUDA call at all.
+timeout 120 python -m pytest -q -p no:cacheprovider tests/test_no_sync.py 2>&1 \
+  | tee "$OUT/no_sync.txt" | tail -10
 timeout 200 python benchmarks/bench_cuda.py --repeat 10 --json "$OUT/bench_cuda.json" 2>&1 | tee "$OUT/bench.txt"

@@ -25,7 +25,10 @@ READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu
 
 @contextlib.contextmanager
 def no_host_reads():
-    """Every tensor counts as a device tensor, and seqloss may read none of their values."""
+    """Every tensor counts as a device tensor, and seqloss may read none of their values.
+
+    On a GPU, torch's sync debug mode also turns any synchronizing CUDA call inside
+    torch's own C++ (a device-to-host copy, ``nonzero``, a masked index) into an error."""
     originals = {name: getattr(torch.Tensor, name) for name in READS}
     host_side = checks.host_side
     checks.host_side = lambda t: False
@@ -44,9 +47,15 @@ def no_host_reads():
 
     for name in READS:
         setattr(torch.Tensor, name, guard(name))
+    cuda = torch.cuda.is_available()
+    mode = torch.cuda.get_sync_debug_mode() if cuda else 0
     try:
+        if cuda:
+            torch.cuda.set_sync_debug_mode("error")
         yield
     finally:
+        if cuda:
+            torch.cuda.set_sync_debug_mode(mode)
         checks.host_side = host_side
         for name, fn in originals.items():
             setattr(torch.Tensor, name, fn)

@@ -7,8 +7,9 @@ job's outputs; :func:`run_jobs` calls it for every job on
 
 Why not ``njit(parallel=True)`` and ``prange``:
 
-* Fork safety. Numba's parallel regions run on the OpenMP threading layer here,
-  which is torch's own ``libgomp``. A forked child (a DataLoader worker) then hangs
+* Fork safety. Numba's parallel regions run on the OpenMP threading layer here
+  (GNU ``libgomp``: the system's copy, mapped beside torch's own). A forked child (a
+  DataLoader worker) then hangs
   in ``gomp_team_barrier_wait_end`` when the parent had run any parallel torch op,
   and aborts ("fork() called from a process already using GNU OpenMP, this is
   unsafe") when the parent had run such a kernel. A Python thread pool has neither
@@ -116,8 +117,7 @@ def own_lines(a: np.ndarray) -> np.ndarray:
     data another thread writes, and that false sharing serialized two lattice jobs in
     isolation (two threads 20.8 ms, with own lines 10.5 ms, serial 20.5 ms; B=2, T=500,
     U=100). Inside the loss, libgomp's workers still spinning after torch's parallel
-    ops compete with the pool for the cores (the old prange lattice shared torch's
-    OpenMP team instead, and hung forked workers).
+    ops compete with the pool for the cores (``OMP_WAIT_POLICY=passive`` stops them).
     """
     a = np.ascontiguousarray(a)
     buf = np.zeros(a.size + 2 * 64 // max(a.itemsize, 1), dtype=a.dtype)

@@ -254,17 +254,17 @@ def rnnt_align_forward(
     if U == 0:  # a zero-size axis has no usable strides; nothing is ever loaded from it
         emit_lp = blank_lp
     BLOCK_U = triton.next_power_of_2(U1)
-    ll = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
+    flen = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     scratch = torch.empty((2, B, BLOCK_U), dtype=blank_lp.dtype, device=device)
     choice = torch.empty((B, T, U1), dtype=torch.int8, device=device)
     with _device_guard(blank_lp):
         rnnt_align_forward_kernel[(B,)](
-            blank_lp, emit_lp, ll, tlen, scratch, choice, scores,
+            blank_lp, emit_lp, flen, tlen, scratch, choice, scores,
             *blank_lp.stride(), *emit_lp.stride(), B, T, U1,
             BLOCK_U=BLOCK_U, num_warps=_warps(BLOCK_U),
         )
         rnnt_align_backtrack_kernel[(B,)](
-            ll, tlen, choice, scores, frames, T, U1, max(U, 1), num_warps=1,
+            flen, tlen, choice, scores, frames, T, U1, max(U, 1), num_warps=1,
         )
     return frames, scores

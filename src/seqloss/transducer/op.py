@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .._core.dispatch import kernel_module
-from .._core.ops import _acc_dtype, _is_traced, conform_layout, grad_to_hand_on, scale_grad  # noqa: F401
+from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on
 from .._core.reduce import finish, mean_grad_scale, volume_weight
 from .checks import transducer_values
 from .joint.table import JointTable, rnnt_table

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._core.checks import host_side
+from ..._core import checks
 from ..._core.ops import _is_traced
 from ..lattice.op import call_lattice
 
@@ -188,7 +188,7 @@ class _WindowLogProbs(torch.autograd.Function):
         # A row holding NaN or +inf has a non-finite normalizer; only such rows can turn a
         # zero incoming gradient into NaN (0 * exp(NaN)), so only they are masked.
         # Under tracing (torch.compile) or on a device, always mask: no value read.
-        if lse.numel() and host_side(lse) and not _is_traced(lse):
+        if lse.numel() and checks.host_side(lse) and not _is_traced(lse):
             ctx.nonfinite_rows = not bool(torch.isfinite(lse).all())
         else:
             ctx.nonfinite_rows = bool(lse.numel())
