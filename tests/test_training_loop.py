@@ -216,3 +216,18 @@ def test_leaf_grads_are_plain_and_survive_zeroing(name):
     for x, g1, g in zip(leaves, first, want, strict=True):
         assert torch.equal(x.grad, g1), name
         torch.testing.assert_close(g1, g, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", [n for n in LEAF_CASES if n != "from_joint"])
+def test_torch_func_grad_matches_autograd(name):
+    leaves, f = LEAF_CASES[name]()
+    rest = [x.detach() for x in leaves[1:]]
+    got = torch.func.grad(lambda x: f(x, *rest))(leaves[0].detach())
+    (want,) = torch.autograd.grad(f(leaves[0], *rest), leaves[0])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_torch_func_on_a_loss_from_the_joint_says_unsupported():
+    leaves, f = LEAF_CASES["from_joint"]()
+    with pytest.raises(NotImplementedError, match="torch.func"):
+        torch.func.grad(lambda x: f(x, leaves[1].detach()))(leaves[0].detach())

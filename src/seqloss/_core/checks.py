@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from torch._C import _functorch
 
 from .errors import InputError, InputTypeError
 from .types import REDUCTIONS, TRANSDUCER_REDUCTIONS
@@ -140,8 +141,16 @@ def host_side(t: torch.Tensor) -> bool:
 
 
 def to_host(x: torch.Tensor) -> np.ndarray:
-    """An int64 numpy view (CPU) or copy (other devices: a device-to-host sync) of ``x``."""
-    return x.detach().cpu().numpy()
+    """An int64 numpy view (CPU) or copy (other devices: a device-to-host sync) of ``x``.
+
+    Under ``torch.func`` even a tensor made inside the transform (a default boundary, a
+    length tensor) is wrapped; the values of these index tensors are the wrapped ones."""
+    x = x.detach()
+    if not _functorch.is_functorch_wrapped_tensor(x):
+        return x.cpu().numpy()
+    while _functorch.is_functorch_wrapped_tensor(x):
+        x = _functorch.get_unwrapped(x)
+    return np.asarray(x.tolist())  # .numpy() refuses it while the transform runs
 
 
 def check_lengths(lengths: torch.Tensor | np.ndarray, name: str, upper: int,

@@ -15,34 +15,24 @@ call returns ``None`` and takes the general path; both give the same bits
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import Tensor
 
 from .._core import buffers
 from .._core.dispatch import _AVAILABLE, kernel_module
-from .._core.ops import (
-    _keep_graph,
-    _no_double_backward,
-    batch_product,
-    c_apply,
-    grad_to_hand_on,
+from .._core.lanes import (
+    attach,
+    compiling,
+    freed_graph,
+    grad_enabled,
+    is_functional,
+    numba_chosen,
+    transforms_active,
+    wrapped,
 )
+from .._core.ops import _keep_graph, batch_product, c_apply, grad_to_hand_on
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
-_grad_enabled = torch.is_grad_enabled
-_compiling = torch.compiler.is_compiling
-_transforms_active = torch._C._are_functorch_transforms_active  # noqa: SLF001
-_is_functional = torch._is_functional_tensor  # noqa: SLF001
-_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
-# os.environ.get costs ~0.6 us; its backing dict (kept in step by os.environ's setters)
-# ~0.05 us. The lane only runs where SEQLOSS_BACKEND leaves the default: unset, "" or
-# "auto" (or "numba").
-_ENV = getattr(os.environ, "_data", None)
-_ENV_KEY = os.environ.encodekey("SEQLOSS_BACKEND") if _ENV is not None else None
-_ENV_OK = ({None, *(os.environ.encodevalue(v) for v in ("", "auto", "numba"))}
-           if _ENV is not None else ())
 _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
 _kern = None  # seqloss.ctc.numba_cpu, imported on first use (it imports numba)
 
@@ -55,8 +45,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     if (dt is None or (dt is not _F32 and dt is not _F64)
             or not log_probs.is_cpu or log_probs.dim() != 3 or type(blank) is not int
             or type(targets) is not Tensor or targets.dtype is not _I64 or not targets.is_cpu
-            or not targets.is_contiguous() or _ENV is None
-            or (backend != "numba" and (backend != "auto" or _ENV.get(_ENV_KEY) not in _ENV_OK))):
+            or not targets.is_contiguous() or not numba_chosen(backend)):
         return None
     T, B, C = log_probs.shape
     il, tl = input_lengths, target_lengths
@@ -66,7 +55,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
             or type(tl) is not Tensor or tl.dtype is not _I64 or not tl.is_cpu or tl.dim() != 1
             or tl.shape[0] != B or not tl.is_contiguous()
             or not (targets.dim() == 1 or (targets.dim() == 2 and targets.shape[0] == B))
-            or _compiling() or _transforms_active() or _is_functional(log_probs)
+            or compiling() or transforms_active() or is_functional(log_probs)
             or not _AVAILABLE["numba"]):
         return None
     k = _kern
@@ -81,7 +70,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
         tb_layout = False
     else:
         return None
-    compute_grad = log_probs.requires_grad and _grad_enabled()
+    compute_grad = log_probs.requires_grad and grad_enabled()
     grad = None
     gp = 0
     if compute_grad:
@@ -137,40 +126,25 @@ class _FastCTC(torch.autograd.Function):
     def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
         grad = ctx.grad
         if grad is None:
-            raise RuntimeError(
-                "Trying to backward through the graph a second time (or directly access "
-                "saved tensors after they have already been freed). Specify "
-                "retain_graph=True if you need to backward a second time.")
+            raise freed_graph()
         keep = _keep_graph()
         # The usual loss.backward() of a reduced loss: hand the gradient on (see
         # grad_to_hand_on, whose other cases this defers to).
-        if (not keep and type(grad_loss) is Tensor and not _grad_enabled()
-                and grad_loss.dim() == 0 and ctx.validate and not _compiling()
-                and not _wrapped(grad_loss) and grad_loss.item() == 1):
+        if (not keep and type(grad_loss) is Tensor and not grad_enabled()
+                and grad_loss.dim() == 0 and ctx.validate and not compiling()
+                and not wrapped(grad_loss) and grad_loss.item() == 1):
             ctx.grad = ctx.lp = None
             return None, grad
-        if _wrapped(grad_loss):
+        if wrapped(grad_loss):
             out = batch_product(grad, grad_loss, 1)
         else:
             out = grad_to_hand_on(grad, grad_loss, 1, ctx.validate)
         lp = ctx.lp
         if not keep:
             ctx.grad = ctx.lp = None
-        if _grad_enabled():
-            # create_graph: the gradient is not differentiable; attached to the input,
-            # a double backward through it meets the clear error instead of a zero.
-            out = _NoDoubleBackward.apply(lp, out)
+        if grad_enabled():  # create_graph: the gradient itself is not differentiable
+            out = attach(lp, out)
         return None, out
-
-
-class _NoDoubleBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, lp, g):  # noqa: ANN001, ANN205, ARG004
-        return g.clone()
-
-    @staticmethod
-    def backward(ctx, _g):  # noqa: ANN001, ANN205
-        _no_double_backward(ctx, _g)
 
 
 _apply = c_apply(_FastCTC)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .._core.dispatch import kernel_module
-from .._core.ops import _acc_dtype, _is_traced, conform_layout
+from .._core.ops import _acc_dtype, _functorch_wrapped, _is_traced, conform_layout
 
 
 def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> list[Tensor]:
@@ -106,8 +106,12 @@ class _Once(torch.autograd.Function):
     gradient of a backward run with ``create_graph=True``."""
 
     @staticmethod
-    def forward(ctx, x, a, b):  # noqa: ANN001, ANN205
+    def forward(x, a, b):  # noqa: ANN001, ANN205
         return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        pass  # the setup_context form: torch.func's backward reaches it too
 
     @staticmethod
     def backward(ctx, g):  # noqa: ANN001, ANN205
@@ -136,9 +140,32 @@ class _EagerLogmm(torch.autograd.Function):
         return (ga if need_a else None), (gb if need_b else None), None
 
 
+class _FuncLogmm(torch.autograd.Function):
+    """``_EagerLogmm`` for ``torch.func`` transforms (grad, vjp), which need
+    ``setup_context``: the saved intermediates are extra, non-differentiable outputs."""
+
+    @staticmethod
+    def forward(a, b, backend):  # noqa: ANN001, ANN205
+        out, *saved = logmmexp_impl(a, b, backend, True)
+        return (out, *saved)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.backend = inputs[2]
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(inputs[0], inputs[1], *output)
+
+    @staticmethod
+    def backward(ctx, g, *_):  # noqa: ANN001, ANN002, ANN205
+        return _EagerLogmm.backward(ctx, g)
+
+
 def call_logmmexp(a: Tensor, b: Tensor, backend: str) -> Tensor:
-    """The registered op while tracing, the eager ``autograd.Function`` otherwise."""
+    """The registered op while tracing, a ``setup_context`` Function under ``torch.func``,
+    the eager ``autograd.Function`` otherwise."""
     compute_grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    if not torch.compiler.is_compiling() and (_functorch_wrapped(a) or _functorch_wrapped(b)):
+        return _FuncLogmm.apply(a, b, backend)[0]
     if _is_traced(a) or _is_traced(b):
         return logmmexp_op(a, b, backend, compute_grad)[0]
     if not compute_grad:

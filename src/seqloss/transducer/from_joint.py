@@ -525,6 +525,11 @@ def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tenso
                  chunk_rows=max(1, chunk // max(V + D, 1)), is_module=is_module)
     plan.probe_dtype = probe.dtype  # type: ignore[attr-defined]
     plan.tiles = _plan_tiles(Tl, Ul, T, U1, plan.chunk_rows)
+    if torch._C._are_functorch_transforms_active():  # noqa: SLF001
+        raise NotImplementedError(
+            "seqloss: the *_loss_from_joint losses do not support torch.func transforms "
+            "(their backward runs the joint network again under autograd); use "
+            "torch.autograd.grad, or the loss on the joint's logits")
     return _FromJoint.apply(plan, encoder_out, predictor_out, *params)
 
 

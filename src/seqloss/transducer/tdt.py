@@ -16,7 +16,15 @@ from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.module import LossModule
-from .._core.ops import _acc_dtype, _functorch_wrapped, _is_traced, call_loss_op, conform_layout, grads_to_hand_on
+from .._core.ops import (
+    _acc_dtype,
+    _functorch_wrapped,
+    _is_traced,
+    batch_product,
+    call_loss_op,
+    conform_layout,
+    grads_to_hand_on,
+)
 from .._core.reduce import finish, mean_grad_scale, volume_weight
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
@@ -231,8 +239,34 @@ class _PairEager(torch.autograd.Function):
         return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
 
 
+class _PairFunc(torch.autograd.Function):
+    """``_PairEager`` for ``torch.func`` transforms (grad, vjp), which need ``setup_context``."""
+
+    @staticmethod
+    def forward(token_logits, duration_logits, *rest):  # noqa: ANN001, ANN002, ANN205
+        return tdt_pair_loss_impl(token_logits, duration_logits, *rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        ctx.compute_grad, ctx.validate = inputs[-2], inputs[-1]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(output[1], output[2])
+
+    @staticmethod
+    def backward(ctx, grad_loss, _g1, _g2):  # noqa: ANN001, ANN205
+        gt, gd = ctx.saved_tensors
+        if grad_loss is None:
+            return (None,) * 13
+        if _functorch_wrapped(grad_loss):
+            return (batch_product(gt, grad_loss, 0), batch_product(gd, grad_loss, 0),
+                    *(None,) * 11)
+        return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
+
+
 def _call_pair(tok: Tensor, dur: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN002
-    if torch.compiler.is_compiling() or _is_traced(tok) or _functorch_wrapped(tok):
+    if not torch.compiler.is_compiling() and (_functorch_wrapped(tok) or _functorch_wrapped(dur)):
+        return _PairFunc.apply(tok, dur, *rest)
+    if torch.compiler.is_compiling() or _is_traced(tok) or _is_traced(dur):
         return tdt_pair_loss_op(tok, dur, *rest)
     if not rest[-2]:
         return tdt_pair_loss_impl(tok, dur, *rest)

@@ -59,8 +59,12 @@ class _FlushSubnormalGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x):  # noqa: ANN001, ANN205
+    def forward(x):  # noqa: ANN001, ANN205
         return x.view_as(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        pass  # the setup_context form, for torch.func
 
     @staticmethod
     def backward(ctx, g):  # noqa: ANN001, ANN205
@@ -179,23 +183,29 @@ class _WindowLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, sym, term):  # noqa: ANN001, ANN205
+    def forward(logits, sym, term):  # noqa: ANN001, ANN205
         lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
         px = logits.gather(3, sym)[..., 0] - lse
         py = logits[..., term] - lse
+        return px, py, lse  # lse: saved, not differentiable (the setup_context form)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        logits, sym, term = inputs
+        lse = output[2]
+        ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(logits, sym, lse)
         ctx.term = term
         # A row holding NaN or +inf has a non-finite normalizer; only such rows can turn a
         # zero incoming gradient into NaN (0 * exp(NaN)), so only they are masked.
-        # Under tracing (torch.compile) or on a device, always mask: no value read.
+        # Under tracing (torch.compile, torch.func) or on a device, always mask: no value read.
         if lse.numel() and checks.host_side(lse) and not _is_traced(lse):
             ctx.nonfinite_rows = not bool(torch.isfinite(lse).all())
         else:
             ctx.nonfinite_rows = bool(lse.numel())
-        return px, py
 
     @staticmethod
-    def backward(ctx, gx, gy):  # noqa: ANN001, ANN205
+    def backward(ctx, gx, gy, _glse):  # noqa: ANN001, ANN205
         logits, sym, lse = ctx.saved_tensors
         gx = torch.zeros_like(lse) if gx is None else gx
         gy = torch.zeros_like(lse) if gy is None else gy
@@ -218,7 +228,7 @@ def pruned_arcs(logits: Tensor, ranges: Tensor, sym_ext: Tensor, term: int, rnnt
     B, T, R, _ = logits.shape
     S1 = sym_ext.shape[1]
     win_sym = sym_ext.gather(1, ranges.reshape(B, T * R)).reshape(B, T, R, 1)
-    px, py = _WindowLogProbs.apply(logits, win_sym, term)
+    px, py, _ = _WindowLogProbs.apply(logits, win_sym, term)
     full = logits.new_full((B, T, S1), NEG_INF)
     emit = full.scatter(2, ranges, px)
     blank = full.scatter(2, ranges, py)

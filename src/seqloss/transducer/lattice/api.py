@@ -11,6 +11,7 @@ from ..._core import checks as _validate
 from ..._core.dispatch import resolve_backend
 from ..._core.errors import InputError, InputTypeError
 from ..._core.types import IntsLike
+from .fast import lattice_fast
 from .op import call_lattice
 
 
@@ -81,6 +82,10 @@ def transducer_lattice(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd (double backward raises), torch.compile (fullgraph).
     """
+    ll = lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
+                      emit_durations, emit_can_end, backend, validate)
+    if ll is not None:
+        return ll
     _validate.check_float_tensor(arc_blank, "arc_blank")
     _validate.check_float_tensor(arc_emit, "arc_emit")
     _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")

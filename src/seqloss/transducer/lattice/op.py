@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..._core import checks as _validate
 from ..._core.dispatch import kernel_module
-from ..._core.ops import _is_traced, apply_eagerly, c_apply, grads_to_hand_on
+from ..._core.ops import _functorch_wrapped, _is_traced, batch_product, c_apply, grads_to_hand_on
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -146,14 +146,40 @@ class _EagerLattice(torch.autograd.Function):
         return None, gb, ge
 
 
+class _FuncLattice(torch.autograd.Function):
+    """``_EagerLattice`` for ``torch.func`` transforms (grad, vjp), which need
+    ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
+
+    @staticmethod
+    def forward(rest, ab, ae):  # noqa: ANN001, ANN205
+        return lattice_impl(ab, ae, *rest)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        _setup(ctx, (*inputs[1:], *inputs[0]), output)
+
+    @staticmethod
+    def backward(ctx, grad_ll, _g1, _g2):  # noqa: ANN001, ANN205
+        if grad_ll is not None and _functorch_wrapped(grad_ll):
+            ob, oe = ctx.saved_tensors
+            return None, batch_product(ob, grad_ll, 0), batch_product(oe, grad_ll, 0)
+        gb, ge = _backward(ctx, grad_ll, _g1, _g2)[:2]
+        return None, gb, ge
+
+
 def call_lattice(ab: Tensor, ae: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN002
-    """The registered op while tracing (compile, fake/functional tensors, torch.func), the
-    eager ``autograd.Function`` otherwise. ``rest``: the op's arguments after the arcs."""
+    """The registered op while tracing (compile, fake/functional tensors), a
+    ``setup_context`` Function under ``torch.func``, the eager ``autograd.Function``
+    otherwise. ``rest``: the op's arguments after the arcs."""
+    if torch.compiler.is_compiling():
+        return lattice_op(ab, ae, *rest)
+    if _functorch_wrapped(ab) or _functorch_wrapped(ae):
+        return _FuncLattice.apply(rest, ab, ae)
     if _is_traced(ab) or _is_traced(ae):
         return lattice_op(ab, ae, *rest)
     if not rest[-2]:  # no gradient wanted
         return lattice_impl(ab, ae, *rest)
-    return apply_eagerly(_EagerLattice, _lattice_apply, rest, ab, ae)
+    return _lattice_apply(rest, ab, ae)
 
 
 _lattice_apply = c_apply(_EagerLattice)

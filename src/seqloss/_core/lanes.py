@@ -1,0 +1,61 @@
+"""What the eager CPU fast lanes share (``ctc/fast.py``, ``transducer/lattice/fast.py``).
+
+A lane recognises the common eager call with exact-type tests and runs its kernel behind
+a lean ``autograd.Function`` with one output, the saved gradients kept on ``ctx``. These
+are the pieces such a Function needs to keep the general path's autograd semantics.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from .ops import _no_double_backward
+
+grad_enabled = torch.is_grad_enabled
+compiling = torch.compiler.is_compiling
+transforms_active = torch._C._are_functorch_transforms_active  # noqa: SLF001
+is_functional = torch._is_functional_tensor  # noqa: SLF001
+wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
+
+# os.environ.get costs ~0.6 us; its backing dict (kept in step by os.environ's setters)
+# ~0.05 us. A lane only runs where SEQLOSS_BACKEND leaves the default: unset, "" or
+# "auto" (or "numba").
+_ENV = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey("SEQLOSS_BACKEND") if _ENV is not None else None
+_ENV_OK = ({None, *(os.environ.encodevalue(v) for v in ("", "auto", "numba"))}
+           if _ENV is not None else ())
+
+
+def numba_chosen(backend: object) -> bool:
+    """Whether ``backend`` resolves to Numba for a CPU tensor, read cheaply."""
+    if backend == "numba":
+        return True
+    return backend == "auto" and _ENV is not None and _ENV.get(_ENV_KEY) in _ENV_OK
+
+
+def freed_graph() -> RuntimeError:
+    """torch's error for a backward through a graph already freed (what unpacking a freed
+    saved tensor raises; a lane keeps its gradients on ``ctx``, so it says it itself)."""
+    return RuntimeError(
+        "Trying to backward through the graph a second time (or directly access saved "
+        "tensors after they have already been freed). Specify retain_graph=True if you "
+        "need to backward a second time.")
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g):  # noqa: ANN001, ANN205, ARG004
+        return g.clone()
+
+    @staticmethod
+    def backward(ctx, _g):  # noqa: ANN001, ANN205
+        _no_double_backward(ctx, _g)
+
+
+def attach(x: Tensor, g: Tensor) -> Tensor:
+    """``g`` (a gradient for ``x``, under ``create_graph``) attached to ``x``: a double
+    backward through it meets the clear error instead of a silent zero."""
+    return _NoDoubleBackward.apply(x, g)
