@@ -12,7 +12,7 @@ import os
 import torch
 from torch import Tensor
 
-from .ops import _no_double_backward
+from .ops import _no_double_backward, batch_product, grads_to_hand_on
 
 grad_enabled = torch.is_grad_enabled
 compiling = torch.compiler.is_compiling
@@ -59,3 +59,17 @@ def attach(x: Tensor, g: Tensor) -> Tensor:
     """``g`` (a gradient for ``x``, under ``create_graph``) attached to ``x``: a double
     backward through it meets the clear error instead of a silent zero."""
     return _NoDoubleBackward.apply(x, g)
+
+
+def scaled_grads(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...], g: Tensor,
+                 batch_dim: int, validate: bool) -> tuple[Tensor, ...]:
+    """A lane's backward outside its common case: the general path's rule
+    (``grads_to_hand_on``; the plain product under a functorch transform), each result
+    attached to its input under ``create_graph``."""
+    if wrapped(g):
+        out = tuple(batch_product(x, g, batch_dim) for x in grads)
+    else:
+        out = grads_to_hand_on(grads, g, batch_dim, validate)
+    if grad_enabled():  # create_graph: the gradients themselves are not differentiable
+        out = tuple(attach(x, o) for x, o in zip(inputs, out, strict=True))
+    return out

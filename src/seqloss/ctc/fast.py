@@ -21,16 +21,16 @@ from torch import Tensor
 from .._core import buffers
 from .._core.dispatch import _AVAILABLE, kernel_module
 from .._core.lanes import (
-    attach,
     compiling,
     freed_graph,
     grad_enabled,
     is_functional,
     numba_chosen,
+    scaled_grads,
     transforms_active,
     wrapped,
 )
-from .._core.ops import _keep_graph, batch_product, c_apply, grad_to_hand_on
+from .._core.ops import _keep_graph, c_apply
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
@@ -135,15 +135,9 @@ class _FastCTC(torch.autograd.Function):
                 and not wrapped(grad_loss) and grad_loss.item() == 1):
             ctx.grad = ctx.lp = None
             return None, grad
-        if wrapped(grad_loss):
-            out = batch_product(grad, grad_loss, 1)
-        else:
-            out = grad_to_hand_on(grad, grad_loss, 1, ctx.validate)
-        lp = ctx.lp
+        (out,) = scaled_grads((grad,), (ctx.lp,), grad_loss, 1, ctx.validate)
         if not keep:
             ctx.grad = ctx.lp = None
-        if grad_enabled():  # create_graph: the gradient itself is not differentiable
-            out = attach(lp, out)
         return None, out
 
 

@@ -254,10 +254,8 @@ class _PairFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, _g1, _g2):  # noqa: ANN001, ANN205
-        gt, gd = ctx.saved_tensors
-        if grad_loss is None:
-            return (None,) * 13
-        if _functorch_wrapped(grad_loss):
+        if grad_loss is not None and _functorch_wrapped(grad_loss):
+            gt, gd = ctx.saved_tensors
             return (batch_product(gt, grad_loss, 0), batch_product(gd, grad_loss, 0),
                     *(None,) * 11)
         return (*_pair_grads(ctx, grad_loss), *(None,) * 11)

@@ -21,16 +21,16 @@ from torch import Tensor
 
 from ..._core.dispatch import _AVAILABLE, kernel_module
 from ..._core.lanes import (
-    attach,
     compiling,
     freed_graph,
     grad_enabled,
     is_functional,
     numba_chosen,
+    scaled_grads,
     transforms_active,
     wrapped,
 )
-from ..._core.ops import _all_ones, _keep_graph, batch_product, c_apply, grads_to_hand_on
+from ..._core.ops import _all_ones, _keep_graph, c_apply
 from .op import _poison
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
@@ -112,15 +112,9 @@ class _FastLattice(torch.autograd.Function):
                 and not compiling() and not wrapped(g) and _all_ones(g)):
             ctx.ob = ctx.oe = ctx.ab = ctx.ae = None
             return None, ob, oe
-        if wrapped(g):
-            gb, ge = batch_product(ob, g, 0), batch_product(oe, g, 0)
-        else:
-            gb, ge = grads_to_hand_on((ob, oe), g, 0, ctx.validate)
-        ab, ae = ctx.ab, ctx.ae
+        gb, ge = scaled_grads((ob, oe), (ctx.ab, ctx.ae), g, 0, ctx.validate)
         if not keep:
             ctx.ob = ctx.oe = ctx.ab = ctx.ae = None
-        if grad_enabled():  # create_graph: the occupations themselves are not differentiable
-            gb, ge = attach(ab, gb), attach(ae, ge)
         return None, gb, ge
 
 
