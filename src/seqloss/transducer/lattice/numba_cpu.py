@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
@@ -24,16 +25,43 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _log1p_exp(d, proto):  # noqa: ANN001, ANN202
+    """``log1p(exp(d))`` for ``d <= 0`` in float64, its transcendentals in ``proto``'s
+    precision (Numba only)."""
+    raise NotImplementedError
+
+
+@overload(_log1p_exp)
+def _log1p_exp_impl(d, proto):  # noqa: ANN001, ANN202
+    if proto == types.float32:
+        # Float32 arcs: the correction (at most log 2) in float32, added to float64
+        # alpha: its rounding (<= 4e-8 absolute) does not grow with alpha's magnitude,
+        # unlike a float32 alpha's, and expf/log1pf cost half of exp/log1p.
+        return lambda d, proto: np.float64(math.log1p(math.exp(np.float32(d))))
+    return lambda d, proto: math.log1p(math.exp(d))
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _lae(a, b):  # noqa: ANN001, ANN202
+def _lae(a, b, proto):  # noqa: ANN001, ANN202
     # Guarded logaddexp: -inf is an exact zero, no epsilon.
     if a == NEG_INF:
         return b
     if b == NEG_INF:
         return a
     if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
+        return a + _log1p_exp(b - a, proto)
+    return b + _log1p_exp(a - b, proto)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _term(a, x):  # noqa: ANN001, ANN202
+    # ``a + x`` with ``-inf`` an exact zero on either side: an arc out of an
+    # unreachable state, or a masked arc, adds nothing even when the other side is
+    # NaN, so a non-finite score that no complete path takes cannot poison the sum.
+    v = a + x
+    if v != v and (a == NEG_INF or x == NEG_INF):  # tested only on the rare NaN
+        return NEG_INF
+    return v
 
 
 @njit(cache=True, nogil=True)
@@ -52,16 +80,16 @@ def _alpha_rnnt(arc_blank, arc_emit, Tb, Ub, alpha):  # noqa: ANN001, ANN202
         return
     for n in range(1, Tb + Ub + 1):
         if n <= Tb:  # u = 0
-            alpha[n, 0] = alpha[n - 1, 0] + arc_blank[n - 1, 0, 0]
+            alpha[n, 0] = _term(alpha[n - 1, 0], arc_blank[n - 1, 0, 0])
         if n <= Ub:  # t = 0
-            alpha[0, n] = alpha[0, n - 1] + arc_emit[0, n - 1, 0]
+            alpha[0, n] = _term(alpha[0, n - 1], arc_emit[0, n - 1, 0])
         if 1 <= n - Tb <= Ub:  # t = Tb, the last frame: no emission within it
             u = n - Tb
-            alpha[Tb, u] = alpha[Tb - 1, u] + arc_blank[Tb - 1, u, 0]
+            alpha[Tb, u] = _term(alpha[Tb - 1, u], arc_blank[Tb - 1, u, 0])
         for u in range(max(1, n - Tb + 1), min(n - 1, Ub) + 1):  # 1 <= t < Tb, u >= 1
             t = n - u
-            alpha[t, u] = _lae(alpha[t - 1, u] + arc_blank[t - 1, u, 0],
-                               alpha[t, u - 1] + arc_emit[t, u - 1, 0])
+            alpha[t, u] = _lae(_term(alpha[t - 1, u], arc_blank[t - 1, u, 0]),
+                               _term(alpha[t, u - 1], arc_emit[t, u - 1, 0]), arc_blank[0, 0, 0])
 
 
 @njit(cache=True, nogil=True)
@@ -73,11 +101,11 @@ def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
     for m in range(1, Tb + Ub + 1):  # m = (Tb - t) + (Ub - u); the row t = Tb is set
         if m <= Tb:  # u = Ub
             t = Tb - m
-            beta[t, Ub] = arc_blank[t, Ub, 0] + beta[t + 1, Ub]
+            beta[t, Ub] = _term(beta[t + 1, Ub], arc_blank[t, Ub, 0])
         for du in range(max(1, m - Tb), min(m - 1, Ub) + 1):  # t < Tb, u < Ub
             t, u = Tb - (m - du), Ub - du
-            beta[t, u] = _lae(arc_blank[t, u, 0] + beta[t + 1, u],
-                              arc_emit[t, u, 0] + beta[t, u + 1])
+            beta[t, u] = _lae(_term(beta[t + 1, u], arc_blank[t, u, 0]),
+                              _term(beta[t, u + 1], arc_emit[t, u, 0]), arc_blank[0, 0, 0])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -116,13 +144,13 @@ def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):  # noqa: ANN001, ANN
             for i in range(bd.shape[0]):
                 ts = t - bd[i]
                 if ts >= 0:
-                    buf[n] = alpha[ts, u] + arc_blank[ts, u, i]
+                    buf[n] = _term(alpha[ts, u], arc_blank[ts, u, i])
                     n += 1
             if u > 0 and t < Tb + ce:
                 for j in range(ed.shape[0]):
                     ts = t - ed[j]
                     if 0 <= ts < Tb:  # arcs leave frames t < Tb only
-                        buf[n] = alpha[ts, u - 1] + arc_emit[ts, u - 1, j]
+                        buf[n] = _term(alpha[ts, u - 1], arc_emit[ts, u - 1, j])
                         n += 1
             alpha[t, u] = _lse(buf, n)
 
@@ -141,13 +169,13 @@ def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):  # noqa: ANN001, ANN20
             for i in range(bd.shape[0]):
                 td = t + bd[i]
                 if td <= Tb:
-                    buf[n] = arc_blank[t, u, i] + beta[td, u]
+                    buf[n] = _term(beta[td, u], arc_blank[t, u, i])
                     n += 1
             if u < Ub:
                 for j in range(ed.shape[0]):
                     td = t + ed[j]
                     if td < Tb + ce:
-                        buf[n] = arc_emit[t, u, j] + beta[td, u + 1]
+                        buf[n] = _term(beta[td, u + 1], arc_emit[t, u, j])
                         n += 1
             beta[t, u] = _lse(buf, n)
 
@@ -198,12 +226,14 @@ def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha,
             for i in range(bd.shape[0]):
                 td = t + bd[i]
                 if td <= Tb:
-                    occ_blank[b, t, u, i] = math.exp(a + arc_blank[b, t, u, i] + beta[b, td, u] - lb)
+                    x = _term(_term(a, arc_blank[b, t, u, i]), beta[b, td, u])
+                    occ_blank[b, t, u, i] = math.exp(x - lb)
             if u < Ub:
                 for j in range(ed.shape[0]):
                     td = t + ed[j]
                     if td < Tb + ce:
-                        occ_emit[b, t, u, j] = math.exp(a + arc_emit[b, t, u, j] + beta[b, td, u + 1] - lb)
+                        x = _term(_term(a, arc_emit[b, t, u, j]), beta[b, td, u + 1])
+                        occ_emit[b, t, u, j] = math.exp(x - lb)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -230,10 +260,16 @@ def _rnnt_occupation_kernel(ab, ae, Tl, Ul, alpha, beta, ll, occ_b, occ_e, job):
         bs = beta[b, t]
         xb = ab[b, t, :, 0]
         xe = ae[b, t, :, 0]
+        # The exponent in float64 (alpha, beta: thousands of nats), the exp in the
+        # output's precision. Exactly 0 where either end state or the arc is -inf (an
+        # arc no complete path takes), whatever the other terms hold: 0 * NaN must not
+        # reach a gradient.
         for u in range(Ub + 1):
-            ob[u] = vexp(a[u] + xb[u] + bn[u] - lb)
+            v = vexp(ob.dtype.type(a[u] + xb[u] + bn[u] - lb))
+            ob[u] = 0.0 if (a[u] == NEG_INF or xb[u] == NEG_INF or bn[u] == NEG_INF) else v
         for u in range(Ub):
-            oe[u] = vexp(a[u] + xe[u] + bs[u + 1] - lb)
+            v = vexp(oe.dtype.type(a[u] + xe[u] + bs[u + 1] - lb))
+            oe[u] = 0.0 if (a[u] == NEG_INF or xe[u] == NEG_INF or bs[u + 1] == NEG_INF) else v
         for u in range(Ub + 1, U1):
             ob[u] = 0.0
         for u in range(Ub, U1):
@@ -265,9 +301,14 @@ def transducer_lattice(
     Ul = own_lines(target_lengths.cpu().numpy().astype(np.int64))
     bd = own_lines(np.asarray(blank_durations, dtype=np.int64))
     ed = own_lines(np.asarray(emit_durations, dtype=np.int64))
-    alpha = torch.empty((B, T + 1, U1), dtype=dt)
-    beta = torch.empty((B, T + 1, U1), dtype=dt) if compute_occupations else alpha.new_empty((B, 1, 1))
-    ll = torch.empty((B,), dtype=dt)
+    # alpha and beta in float64 whatever the arcs' dtype: they grow to thousands of nats,
+    # where float32's rounding (6e-5 at 1000) summed over T + U steps left the occupations
+    # exp(alpha + arc + beta - ll) wrong by 1e-3 to 1e-2 (T = 1000 to 4000). The arcs
+    # are read as they are; each occupation is formed in float64 and rounded once.
+    alpha = torch.empty((B, T + 1, U1), dtype=torch.float64)
+    beta = (torch.empty((B, T + 1, U1), dtype=torch.float64) if compute_occupations
+            else alpha.new_empty((B, 1, 1)))
+    ll = torch.empty((B,), dtype=torch.float64)
     ce = int(bool(emit_can_end))
     rnnt = bd.tolist() == [1] and ed.tolist() == [0] and not ce
     # Beta only when the occupations need it; each direction of each sequence is a job.
@@ -277,8 +318,9 @@ def transducer_lattice(
              (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(), ll.numpy(),
               rnnt),
              jobs, order=cost)
+    ll_out = ll if dt == torch.float64 else torch.from_numpy(ll.numpy().astype(np.float32))
     if not compute_occupations:
-        return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+        return ll_out, arc_blank.new_empty(0), arc_emit.new_empty(0)
     if rnnt:
         occ_b = torch.empty(ab.shape, dtype=dt)
         occ_e = torch.empty(ae.shape, dtype=dt)
@@ -287,11 +329,11 @@ def transducer_lattice(
                   occ_b.numpy(), occ_e.numpy()),
                  range(B), order=Tl * (Ul + 1))
     else:
-        occ_b = torch.empty(ab.shape, dtype=occupation_dtype or ab.dtype)
-        occ_e = torch.empty(ae.shape, dtype=occupation_dtype or ae.dtype)
+        occ_b = torch.empty(ab.shape, dtype=occupation_dtype or dt)
+        occ_e = torch.empty(ae.shape, dtype=occupation_dtype or dt)
         run_jobs(transducer_occupation_kernel,
                  (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
                   ll.numpy(), occ_b.numpy(), occ_e.numpy()),
                  range(B), order=Tl * (Ul + 1))
-    return ll, occ_b, occ_e
+    return ll_out, occ_b, occ_e
 

@@ -51,12 +51,18 @@ the ``(B, T, U+1)`` arc grids with ``-inf`` outside, and gathers occupations bac
 Conventions shared by every backend
 -----------------------------------
 * Arc tensors are ``(B, T, U+1, D)`` (``D`` arcs of the kind per state), float32
-  or float64 (the accumulation dtype; float64 only for float64 inputs).
+  or float64. Every backend accumulates alpha and beta in float64 (they reach
+  thousands of nats, where float32's rounding would cost the occupations 1e-3) and
+  rounds the log-likelihood and each occupation once to the arcs' dtype.
   Entries outside a sequence's valid arcs (``t >= T_b``, ``u > U_b``, emissions at
   ``u = U_b``, arcs landing past their limit) are never read and may hold
   anything, NaN included. Occupations there are exactly 0, and so is every
   occupation of a sequence with ``log_likelihood = -inf`` (infeasible).
 * The recursion uses a guarded logaddexp: ``-inf`` is an exact zero, no epsilon.
+  A term ``state + arc`` is ``-inf`` when either is, even if the other is NaN, and
+  an occupation is exactly 0 when its source's alpha, its arc or its destination's
+  beta is ``-inf``: a non-finite score on an arc no complete path takes never
+  reaches the log-likelihood or a gradient.
 * NaN/``+inf`` detection is the prologue's job (it reads every logit anyway):
   such a sequence gets a NaN loss and a NaN gradient on the region it reads
   (``t < T_b``, ``u <= U_b``, every class); padding gets exactly 0.
@@ -99,9 +105,15 @@ def transducer_lattice(
         ``occ_blank`` and ``occ_emit`` shaped like the arcs (or empty).
 
     The reference runs one vectorized step per anti-diagonal ``n = t + u``
-    (batch and the diagonal's states at once), in the arcs' dtype (callers pass
-    float64 for the reference's own use).
+    (batch and the diagonal's states at once), in float64 whatever the arcs' dtype;
+    the results are rounded once to the arcs' dtype.
     """
+    out_dt = arc_blank.dtype
+    if out_dt != torch.float64:
+        ll, ob, oe = transducer_lattice(arc_blank.double(), arc_emit.double(), logit_lengths,
+                                        target_lengths, blank_durations, emit_durations,
+                                        compute_occupations, emit_can_end)
+        return ll.to(out_dt), ob.to(out_dt), oe.to(out_dt)
     B, T, U1, Db = arc_blank.shape
     device, dt = arc_blank.device, arc_blank.dtype
     if T == 0:  # every T_b = 0: no path (and no frame to index)
@@ -116,6 +128,11 @@ def transducer_lattice(
     alpha[:, 0, 0] = 0.0
     neg = torch.tensor(NEG_INF, dtype=dt, device=device)
 
+    def term(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # -inf on either side is an exact zero, even beside a NaN: an arc out of an
+        # unreachable state (or into a dead end), or a masked arc, adds nothing.
+        return torch.where((s == NEG_INF) | (x == NEG_INF), neg, s + x)
+
     def diag(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         u = torch.arange(max(0, n - T), min(n, U1 - 1) + 1, device=device)
         return n - u, u
@@ -129,7 +146,7 @@ def transducer_lattice(
             ts = t - d
             ok = (ts >= 0)[None] & (ts[None] < Tb) & (t[None] <= Tb) & (u[None] <= Ub)
             tsc = ts.clamp(min=0)
-            v = alpha[:, tsc, u] + arc_blank[:, tsc, u, i]
+            v = term(alpha[:, tsc, u], arc_blank[:, tsc, u, i])
             terms.append(torch.where(ok, v, neg))
         for j, d in enumerate(emit_durations):
             ts, us = t - d, u - 1
@@ -138,7 +155,7 @@ def transducer_lattice(
             dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
             ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
             tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
-            v = alpha[:, tsc, usc] + arc_emit[:, tsc, usc, j]
+            v = term(alpha[:, tsc, usc], arc_emit[:, tsc, usc, j])
             terms.append(torch.where(ok, v, neg))
         alpha[:, t, u] = logaddexp(*terms)
 
@@ -159,12 +176,13 @@ def transducer_lattice(
         terms = []
         for i, d in enumerate(blank_durations):
             ok = src_ok & (t[None] + d <= Tb)
-            v = arc_blank[:, tc, u, i] + beta[:, (t + d).clamp(max=T), u]
+            v = term(arc_blank[:, tc, u, i], beta[:, (t + d).clamp(max=T), u])
             terms.append(torch.where(ok, v, neg))
         for j, d in enumerate(emit_durations):
             lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
             ok = src_ok & (u[None] < Ub) & lands
-            v = arc_emit[:, tc, u, j] + beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)]
+            v = term(arc_emit[:, tc, u, j],
+                     beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)])
             terms.append(torch.where(ok, v, neg))
         beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
     del bidx
@@ -177,7 +195,8 @@ def transducer_lattice(
     feasible = (ll != NEG_INF)[:, None, None]
 
     def occ(score: torch.Tensor, dst_beta: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-        ok = ok & feasible
+        # An arc no complete path takes (either end state, or the arc, -inf) is exactly 0.
+        ok = ok & feasible & (a != NEG_INF) & (score != NEG_INF) & (dst_beta != NEG_INF)
         x = torch.where(ok, a + score + dst_beta - ll_safe, neg)
         return torch.exp(x)
 

@@ -20,8 +20,8 @@ reads what another program of the same launch writes):
    alpha and beta, written by the previous launch, and writes only its own states'
    occupations.
 
-Accumulation in the arcs' dtype. ``emit_can_end`` is a ``tl.constexpr``: the
-default topology compiles exactly as before it existed.
+Accumulation in float64 whatever the arcs' dtype (see the kernel). ``emit_can_end`` is
+a ``tl.constexpr``: the default topology compiles exactly as before it existed.
 """
 
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
@@ -43,7 +43,11 @@ NAN = float("nan")
 # --------------------------------------------------------------------------- helpers
 @triton.jit
 def _occupation(b_a, b_arc, b_beta, b_ll, m):
-    """``exp(alpha + arc + beta(destination) - log p)`` on ``m``, else exactly 0."""
+    """``exp(alpha + arc + beta(destination) - log p)`` on ``m``, else exactly 0.
+
+    Also exactly 0 where ``alpha``, the arc or ``beta`` is ``-inf`` (an arc no complete
+    path takes), whatever the others hold: a NaN there must not reach a gradient."""
+    m = m & (b_a != float("-inf")) & (b_arc != float("-inf")) & (b_beta != float("-inf"))
     b_ll = tl.where(m, b_ll, 0.0)
     return tl.where(m, tl.exp(tl.where(m, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
 
@@ -80,6 +84,8 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
     # every term is -inf (no -inf - -inf), and m = -inf, r = 0 gives -inf.
     # log1p(r) = log(1 + r) * r / ((1 + r) - 1) (Goldberg, 1991, Thm. 4): exact to
     # a few ulps with any correctly rounded log; Triton has no log1p of its own.
+    # A term is -inf when its state or its arc is (exactly zero, even beside a NaN:
+    # an arc no complete path takes cannot poison the sum).
     # Written out rather than as a @triton.jit helper: the interpreter re-patches
     # the language module on every nested call (milliseconds), which dominated.
     for n in range(1, T_b + U_b + 1):
@@ -90,8 +96,10 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
         for i in tl.static_range(NB):
             ts = t - tl.load(bd_ptr + i)
             m_a = m_st & (ts >= 0)
-            b_v = tl.load(p_a + ts * U1 + o_u, mask=m_a, other=float("-inf")) + tl.load(
-                p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_s = tl.load(p_a + ts * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_x = tl.load(p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
+                           b_s + b_x)
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
@@ -104,8 +112,11 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
                 m_a = m_st & (ts < T_b) & (o_u >= 1) & (ts >= 0)
             else:
                 m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
-            b_v = tl.load(p_a + ts * U1 + o_u - 1, mask=m_a, other=float("-inf")) + tl.load(
-                p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_s = tl.load(p_a + ts * U1 + o_u - 1, mask=m_a, other=float("-inf"))
+            b_x = tl.load(p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a,
+                          other=float("-inf")).to(ACC)
+            b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
+                           b_s + b_x)
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
@@ -136,8 +147,10 @@ def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
         for i in tl.static_range(NB):
             td = t + tl.load(bd_ptr + i)
             m_a = m_src & (td <= T_b)
-            b_v = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
-            b_v = b_v + tl.load(p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_x = tl.load(p_ab + t * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_s = tl.load(p_b + td * U1 + o_u, mask=m_a, other=float("-inf"))
+            b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
+                           b_s + b_x)
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
@@ -148,8 +161,10 @@ def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
                 m_a = m_src & (o_u < U_b) & (td <= T_b)
             else:
                 m_a = m_src & (o_u < U_b) & (td < T_b)
-            b_v = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
-            b_v = b_v + tl.load(p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
+            b_x = tl.load(p_ae + t * s_ae_t + j * s_ae_d, mask=m_a, other=float("-inf")).to(ACC)
+            b_s = tl.load(p_b + td * U1 + o_u + 1, mask=m_a, other=float("-inf"))
+            b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
+                           b_s + b_x)
             b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
             b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
             b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
@@ -168,7 +183,7 @@ def transducer_alpha_beta_kernel(
     ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, off_ptr, soff_ptr, alpha_ptr, beta_ptr, ll_ptr,
     T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
-    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, FP64: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     PACKED: tl.constexpr, BLOCK_U: tl.constexpr,
 ):
     r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
@@ -209,8 +224,12 @@ def transducer_alpha_beta_kernel(
         alpha: ``log_alpha`` of the states ``t <= T_b``, ``u <= U_b``.
         beta: ``log_beta`` of the same states (programs ``(b, 1)``).
         ll (B,): ``alpha(T_b, U_b)``, ``-inf`` when ``T_b = 0``.
+
+    In float64 whatever the arcs' dtype (read as they are): alpha and beta grow to
+    thousands of nats, where float32's rounding summed over the ``T + U`` diagonals
+    left the occupations wrong by 1e-3 and more.
     """
-    ACC = tl.float64 if FP64 else tl.float32
+    ACC = tl.float64
     i_b = tl.program_id(0).to(tl.int64)
     i_dir = tl.program_id(1)
     T_b = tl.load(il_ptr + i_b)
@@ -245,7 +264,7 @@ def transducer_occupation_kernel(
     ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, alpha_ptr, beta_ptr, ll_ptr, ob_ptr, oe_ptr,
     B, T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
-    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, FP64: tl.constexpr,
+    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
     """Arc occupations of a block of ``BLOCK_R`` states ``r = (b * T + t) * (U+1) + u``.
@@ -256,9 +275,10 @@ def transducer_occupation_kernel(
     of feasible sequences, else 0.
 
     Updates:
-        occ_blank (B, T, U+1, NB), occ_emit (B, T, U+1, NE) (contiguous): every entry.
+        occ_blank (B, T, U+1, NB), occ_emit (B, T, U+1, NE) (contiguous): every entry,
+        formed in float64 and rounded once to the arcs' dtype.
     """
-    ACC = tl.float64 if FP64 else tl.float32
+    ACC = tl.float64
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < B * T * U1
     i_b = i_r // (T * U1)
@@ -328,7 +348,7 @@ def _launch_alpha_beta(arc_blank, arc_emit, il, tlen, off, soff, alpha, beta, ll
         arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
         il, tlen, off, soff, alpha, beta, ll, T, U1, *s_ab, *s_ae,
         NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
-        FP64=arc_blank.dtype == torch.float64, PACKED=packed, BLOCK_U=block_u,
+        PACKED=packed, BLOCK_U=block_u,
         num_warps=_state_warps(block_u),
     )
 
@@ -350,11 +370,10 @@ def transducer_alpha_beta(
     ``il``, ``tlen``: int64 on the arcs' device; ``T >= 1``, ``B >= 1``.
     """
     B, T, U1, _ = arc_blank.shape
-    dt = arc_blank.dtype
     device = arc_blank.device
-    alpha = torch.empty((B, T + 1, U1), dtype=dt, device=device)
-    beta = torch.empty((B, T + 1, U1), dtype=dt, device=device) if do_beta else alpha
-    ll = torch.empty((B,), dtype=dt, device=device)
+    alpha = torch.empty((B, T + 1, U1), dtype=torch.float64, device=device)
+    beta = torch.empty((B, T + 1, U1), dtype=torch.float64, device=device) if do_beta else alpha
+    ll = torch.empty((B,), dtype=torch.float64, device=device)
     _launch_alpha_beta(arc_blank, arc_emit, il, tlen, il, il, alpha, beta, ll, T, U1, U1,
                        blank_durations, emit_durations, do_beta, emit_can_end, False)
     return ll, alpha, beta
@@ -381,11 +400,10 @@ def transducer_alpha_beta_packed(
     ``num_states`` and ``max_u1 >= U_b + 1`` (every ``b`` with ``T_b >= 1``) are host
     bounds from shapes only; ``B >= 1``.
     """
-    dt = arc_blank.dtype
     device = arc_blank.device
-    alpha = torch.empty((num_states,), dtype=dt, device=device)
-    beta = torch.empty((num_states,), dtype=dt, device=device) if do_beta else alpha
-    ll = torch.empty((il.shape[0],), dtype=dt, device=device)
+    alpha = torch.empty((num_states,), dtype=torch.float64, device=device)
+    beta = torch.empty((num_states,), dtype=torch.float64, device=device) if do_beta else alpha
+    ll = torch.empty((il.shape[0],), dtype=torch.float64, device=device)
     _launch_alpha_beta(arc_blank, arc_emit, il, tlen, row_offsets, state_offsets, alpha, beta, ll,
                        0, 0, max_u1, blank_durations, emit_durations, do_beta, emit_can_end, True)
     return ll, alpha, beta
@@ -416,7 +434,7 @@ def transducer_lattice(
         ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen, blank_durations,
                                                 emit_durations, compute_occupations, emit_can_end)
         if not compute_occupations:
-            return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
+            return ll.to(dt), arc_blank.new_empty(0), arc_emit.new_empty(0)
         occ_b = torch.empty(arc_blank.shape, dtype=dt, device=device)
         occ_e = torch.empty(arc_emit.shape, dtype=dt, device=device)
         ae = arc_emit if arc_emit.numel() else arc_blank
@@ -425,8 +443,8 @@ def transducer_lattice(
             arc_blank, ae, _durations(blank_durations, device), _durations(emit_durations, device),
             il, tlen, alpha, beta, ll, occ_b, occ_e, B, T, U1, *arc_blank.stride(), *ae.stride(),
             NB=len(blank_durations), NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end),
-            FP64=dt == torch.float64, BLOCK_R=block_r,
+            BLOCK_R=block_r,
         )
-    return ll, occ_b, occ_e
+    return ll.to(dt), occ_b, occ_e
 
 
