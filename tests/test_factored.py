@@ -522,8 +522,8 @@ def test_errors():
     _, (pxg, pyg) = simple(return_grad=True)
     with pytest.raises(InputError, match="s_range"):
         get_rnnt_prune_ranges(pxg, pyg, None, 0)
-    with pytest.raises(InputError, match=r"s_range = 1 is too small for batch item 0"):
-        get_rnnt_prune_ranges(pxg, pyg, None, 1)
+    # a regular window of one row never emits: widened to 2, as fast_rnnt widens it
+    assert get_rnnt_prune_ranges(pxg, pyg, None, 1).shape == (B, T, 2)
     with pytest.raises(InputError, match="px_grad must have shape"):
         get_rnnt_prune_ranges(pxg[:, :, :2], pyg, None, 2)
     ranges = get_rnnt_prune_ranges(pxg, pyg, None, 2)

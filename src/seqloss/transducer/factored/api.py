@@ -43,13 +43,15 @@ _TYPES_DOC = r"""
     ``reduction``: ``"none"`` ``(B,)``, ``"sum"``, ``"mean"`` (the batch mean, as
     k2) or ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``, ``U_b = end_symbol -
     begin_symbol``). Losses are float32 for half inputs, else the inputs' dtype.
-    A sequence with no frame or no path has loss ``+inf`` and zero gradient.
+    A sequence with no frame or no path has loss ``+inf`` (0 with ``zero_infinity``)
+    and zero gradient: an impossible alignment, as in CTC. Fewer frames than symbols
+    in the modified/constrained topologies (at most one symbol a frame) is one; k2
+    asserts there.
 
     Errors: ``InputError`` (a ``ValueError`` and ``RuntimeError``) naming the
     argument and batch index for a boundary outside the tensors, symbols out of
-    range or equal to ``termination_symbol``, fewer frames than symbols for the
-    modified/constrained topologies, an unknown ``rnnt_type`` or reduction, and
-    shape or batch mismatches; ``TypeError`` (also a ``RuntimeError``) for wrong dtypes.
+    range or equal to ``termination_symbol``, an unknown ``rnnt_type`` or reduction,
+    and shape or batch mismatches; ``TypeError`` (also a ``RuntimeError``) for wrong dtypes.
 
     Backends: reference (any device), numba (CPU), triton (CUDA), for the lattice
     and ``logmmexp``.
@@ -258,7 +260,10 @@ def rnnt_loss_pruned(
         termination_symbol, boundary, rnnt_type, delay_penalty, reduction, zero_infinity,
         backend, validate: as ``rnnt_loss_simple`` (``validate`` also checks ``ranges``).
             ``s_range`` must be ``>= 2`` for the regular and constrained topologies
-            when a sequence has a symbol (``InputError`` naming it).
+            when a sequence has a symbol (``InputError`` naming it). Windows that
+            do not reach a sequence's final state leave it no path (``+inf``);
+            ``get_rnnt_prune_ranges`` widens a regular ``s_range`` too small for a
+            sequence as fast_rnnt does, so its ranges always reach it.
     """
     _validate.check_float_tensor(logits, "logits")
     _validate.check_ndim(logits, "logits", (4,), "(B, T, s_range, C)")

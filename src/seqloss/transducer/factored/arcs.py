@@ -123,6 +123,27 @@ def simple_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: s
     return emit, blank
 
 
+def _log_unigram(log_probs: Tensor, read: Tensor) -> Tensor:
+    """``log mean_{(b, s) read} softmax(lm[b, s])``, ``(C,)``, in log space throughout.
+
+    The mean of the probabilities underflows (a class at ``lm - max = -110`` has
+    ``p = 0`` in float32, so ``log 0`` and a NaN gradient); here each class is a
+    log-sum-exp over the read positions, shifted by its own maximum. A class no read
+    position allows (``-inf`` everywhere) is ``-inf`` with exactly zero gradient:
+    torch's ``logsumexp`` would give it ``exp(-inf - -inf)``, NaN.
+    """
+    C = log_probs.shape[2]
+    # where(), not a product: a padding row may hold anything (NaN included).
+    x = torch.where(read[:, :, None], log_probs, NEG_INF).reshape(-1, C)
+    m = x.detach().amax(dim=0) if x.shape[0] else x.new_zeros(C)
+    m = torch.where(torch.isfinite(m), m, 0.0)  # the sum's value does not depend on it
+    total = torch.exp(x - m).sum(dim=0)
+    some = total > 0
+    log_total = torch.log(torch.where(some, total, 1.0)) + m
+    count = read.sum().clamp(min=1).to(x.dtype)
+    return torch.where(some, log_total, NEG_INF) - torch.log(count)
+
+
 def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: str,
                   lm_only_scale: float, am_only_scale: float, lens: Tensor, backend: str
                   ) -> tuple[Tensor, Tensor]:
@@ -131,8 +152,8 @@ def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type:
     ``(1 - l - a) * joint + l * (lm log-softmax) + a * (am + log unigram, normalized)``
     where the unigram is the LM's softmax averaged over every position a sequence
     reads (``s_begin <= s <= s_end``; with no boundary, every position of the batch,
-    as k2). A term whose scale is 0 is left out (k2 multiplies by ``1e-20`` instead,
-    so that ``0 * -inf`` is not NaN).
+    as k2), computed in log space (``_log_unigram``). A term whose scale is 0 is left
+    out (k2 multiplies by ``1e-20`` instead, so that ``0 * -inf`` is not NaN).
     """
     B, T, _ = am.shape
     S1 = lm.shape[1]
@@ -150,12 +171,8 @@ def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type:
         terms_b.append(lm_only_scale * (lm[:, None, :, term] - lm_lse[:, None, :]))
     if am_only_scale != 0.0:
         s = torch.arange(S1, device=lm.device)[None, :]
-        read = ((s >= lens[:, :1]) & (s <= lens[:, :1] + lens[:, 2:3])).to(lm.dtype)  # (B, S+1)
-        probs = torch.softmax(lm, dim=2)  # (B, S+1, C)
-        # where(), not a product: a padding row may hold anything (NaN included).
-        probs = torch.where(read[:, :, None] > 0, probs, probs.new_zeros(()))
-        unigram = probs.sum(dim=(0, 1)) / read.sum().clamp(min=1)  # (C,)
-        log_uni = torch.log(unigram)  # -inf for a class no read position allows: exact
+        read = (s >= lens[:, :1]) & (s <= lens[:, :1] + lens[:, 2:3])  # (B, S+1)
+        log_uni = _log_unigram(lm - lm_lse[:, :, None], read)
         am_norm = torch.logsumexp(am + log_uni, dim=2)  # (B, T)
         terms_e.append(am_only_scale * (am_sym + log_uni[sym_ext][:, None, :] - am_norm[:, :, None]))
         terms_b.append(am_only_scale * (am[:, :, term, None] + log_uni[term] - am_norm[:, :, None])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -32,6 +33,29 @@ def _adjust_lower_bound(s_begin: Tensor, step: int, s0: Tensor, t0: Tensor) -> T
     base = (step - 1) * (torch.arange(T, device=x.device)[None, :] - t0[:, None]) + s0[:, None]
     y = _suffix_min(base - x).clamp(min=0)
     return (base - y).clamp(min=0)
+
+
+def _widened(R: int, boundary: Optional[Tensor], S: int, T: int, readable: bool) -> int:
+    """fast_rnnt's widening of a regular window too small for a sequence.
+
+    Windows that rise by at most ``R - 1`` a frame reach ``U_b`` symbols in ``T_b``
+    frames only if ``(R - 1) T_b >= U_b``, so a sequence with frames and symbols needs
+    ``R >= ceil(U_b / T_b) + 1``; the batch's largest need is taken, as fast_rnnt's
+    ``get_rnnt_prune_ranges`` does (``(S - 1) // T + 2`` with its begins at 0; here
+    ``U_b``, ``T_b`` count from a boundary's begins). A sequence with symbols but no
+    frame has no path at any width: it asks for 2, the least that emits (fast_rnnt
+    divides by zero there).
+    """
+    if boundary is None:
+        need = (-(-S // T) + 1 if T else 2) if S else 1
+    elif not readable or boundary.shape[0] == 0:
+        return R
+    else:
+        h = _validate.to_host(boundary)
+        U, Tb = h[:, 2] - h[:, 0], h[:, 3] - h[:, 1]
+        need_b = np.where(Tb >= 1, -(-U // np.maximum(Tb, 1)) + 1, 2)
+        need = int(np.where(U >= 1, need_b, 1).max())
+    return min(max(R, need), S + 1)
 
 
 def get_rnnt_prune_ranges(
@@ -63,13 +87,20 @@ def get_rnnt_prune_ranges(
         py_grad: ``(B, S + 1, T)`` occupations of the termination symbol.
         boundary: ``(B, 4)`` int64 ``[begin_symbol, begin_frame, end_symbol, end_frame]``
             (``None``: ``[0, 0, S, T]``).
-        s_range: how many symbol positions each frame keeps (``>= 1``; ``>= 2`` for
-            the regular topology, whose emissions need a second row). Values above
-            ``S`` keep every position (``S + 1``).
+        s_range: how many symbol positions each frame keeps (``>= 1``). Values above
+            ``S`` keep every position (``S + 1``). Regular topology: a window that
+            rises by at most ``s_range - 1`` a frame cannot reach ``U_b`` symbols in
+            ``T_b`` frames below ``ceil(U_b / T_b) + 1`` (``s_range = 1`` never emits),
+            so ``s_range`` is widened to the batch's largest such need, as fast_rnnt
+            widens it (where it prints a warning); ``rnnt_loss_pruned`` on these wider
+            windows then gives fast_rnnt's value.
         validate: check ``boundary``'s values (a device-to-host sync on CUDA).
+            ``False`` reads nothing from a device ``boundary``, so the regular window
+            is not widened there: ``s_range`` must suffice for every sequence.
 
     Returns:
-        ``(B, T, s_range)`` int64, ``ranges[b, t] = r_t, r_t + 1, ..., r_t + s_range - 1``.
+        ``(B, T, R)`` int64, ``ranges[b, t] = r_t, r_t + 1, ..., r_t + R - 1``, ``R`` the
+        (widened) ``s_range``, at most ``S + 1``.
     """
     _validate.check_float_tensor(px_grad, "px_grad")
     _validate.check_float_tensor(py_grad, "py_grad")
@@ -90,6 +121,9 @@ def get_rnnt_prune_ranges(
     device = py_grad.device
     boundary = checks.check_boundary(boundary, B, device)
     R = min(s_range, S + 1)
+    if regular:
+        R = _widened(R, boundary, S, T, bool(validate) or (
+            boundary is not None and _validate.host_side(boundary)))
     sym = torch.zeros((B, S), dtype=torch.int64, device=device)
     lens, _ = checks.bounds(boundary, sym, None, T, 1, -1, "regular" if regular else "modified",
                             R if regular else 0, validate)
