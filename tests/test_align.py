@@ -172,6 +172,21 @@ def test_ctc_tie_rules_by_hand(backend):
 
 
 
+def test_ctc_optimal_where_torchaudio_is_not(backend):
+    """torchaudio 2.9's forced_align returns [1, 1, 2, 2] (score -1) here; the best
+    path, by enumeration, scores 0 and is [1, 1, 0, 2]."""
+    device = device_for(backend)
+    lp = torch.tensor([[-2.0, 0, 0], [-2, 0, -1], [0, 0, -1], [-1, -1, 0]], dtype=torch.float64)
+    labels, scores = seqloss.ctc_align(lp[:, None].to(device), [[1, 2]], [4], [2], backend=backend)
+    best = brute_ctc_align(lp, [1, 2], 0)
+    assert best[0] == 0.0 and list(best[2]) == [1, 1, 0, 2]
+    assert labels[0].tolist() == [1, 1, 0, 2]
+    assert scores[0].sum().item() == 0.0
+    # Not the path torchaudio returns: that one scores less.
+    ta_path = [1, 1, 2, 2]
+    assert sum(lp[t, c].item() for t, c in enumerate(ta_path)) == -1.0
+
+
 # ------------------------------------------------------------------ CTC: against torchaudio
 def test_ctc_matches_torchaudio(backend):
     ta = pytest.importorskip("torchaudio.functional")

@@ -58,7 +58,7 @@ def ctc_align(
     backend: str = "auto",
     validate: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    r"""Batched CTC forced alignment (Viterbi), with torchaudio's tie-breaking.
+    r"""Batched CTC forced alignment (Viterbi): always a best path, ties broken by a fixed rule.
 
     Args:
         log_probs: ``(T, B, C)`` or unbatched ``(T, C)`` log-probabilities
@@ -87,10 +87,19 @@ def ctc_align(
         delta[t, s] = lp[t, l'_s] + max(delta[t-1, s], delta[t-1, s-1],
                                         delta[t-1, s-2] if l'_s != blank, l'_s != l'_{s-2})
 
-    Ties are broken exactly as ``torchaudio.functional.forced_align``: at each
-    state the predecessor ``s-2`` is taken only if strictly greater than both
-    others, else ``s-1`` if strictly greater than ``s``, else ``s``; the path
-    ends on the last label (``2L-1``) unless the final blank is strictly greater.
+    The path is always Viterbi-optimal. Ties are broken so: at each state the
+    predecessor ``s-2`` is taken only if strictly greater than both others, else
+    ``s-1`` if strictly greater than ``s``, else ``s``; the path ends on the last
+    label (``2L-1``) unless the final blank is strictly greater. Among the best
+    paths that is the one whose states, read backwards from the end, are largest
+    (each label entered as early as it can be).
+
+    ``torchaudio.functional.forced_align`` (2.9) states the same rule but is not
+    always optimal: on ``lp = [[-2, 0, 0], [-2, 0, -1], [0, 0, -1], [-1, -1, 0]]``
+    with targets ``[1, 2]`` it returns ``[1, 1, 2, 2]`` (score -1) where the best
+    path is ``[1, 1, 0, 2]`` (score 0, returned here), and in float16 it picks paths
+    that score lower than others when summed in float64. The two agree wherever
+    torchaudio's path is optimal and unique; seqloss keeps the optimum.
 
     Special cases:
         - Too few frames for the labels and their repeats: no alignment exists,
@@ -105,6 +114,7 @@ def ctc_align(
     Properties: no autograd (results are detached), deterministic.
     """
     blank = checks.int_arg(blank, "blank")
+    validate = checks.flag(validate, "validate")
     lp, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
     )
@@ -198,6 +208,8 @@ def rnnt_align(
     il = checks.check_batch(il, "logit_lengths", B)
     tl = checks.check_batch(tl, "target_lengths", B)
     blank = checks.int_arg(blank, "blank")
+    fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
+    validate = checks.flag(validate, "validate")
     if V == 0 or U1 == 0:
         raise InputError(f"logits must have U+1 >= 1 and V >= 1, got shape {tuple(logits.shape)}")
     if not -V <= blank < V:
