@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from conftest import device_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-import pytest
 import seqloss
 from seqloss.testing import brute_force_lattice
 
