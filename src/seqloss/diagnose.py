@@ -356,17 +356,18 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
 def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     device = x.device
     blank = int(a["blank"])
-    fused = bool(a.get("fused_log_softmax", False))
-    zero_inf = bool(a.get("zero_infinity", False))
+    fused = checks.flag(a.get("fused_log_softmax", False), "fused_log_softmax")
+    zero_inf = checks.flag(a.get("zero_infinity", False), "zero_infinity")
     tg = checks.as_targets_tensor(a["targets"], device)
     il = checks.as_index_tensor(a["input_lengths"], "input_lengths", device, allow_scalar=True)
     tl = checks.as_index_tensor(a["target_lengths"], "target_lengths", device, allow_scalar=True)
-    if x.dim() == 3 and x.shape[1] == 1:
-        il, tl = il.reshape(-1), tl.reshape(-1)
     if x.dim() == 2:  # unbatched (T, C)
         x, grad, loss = x.unsqueeze(1), grad.unsqueeze(1), loss.reshape(1)
         tg, il, tl = tg.reshape(1, -1), il.reshape(1), tl.reshape(1)
     T, B, C = x.shape
+    # (B,) as the loss took them: a 0-D or (1, 1) length for one sequence, a (B, 1) column
+    il = checks.check_batch(il, "input_lengths", B)
+    tl = checks.check_batch(tl, "target_lengths", B)
     padded = ctc_values(tg, il, tl, T, C, blank, validate=False).cpu()
     il, tl = il.cpu(), tl.cpu()
     lp = torch.log_softmax(x.double(), dim=-1) if fused else x
@@ -404,7 +405,7 @@ def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     V = x.shape[-1]
     blank = int(a.get("blank", -1))
     blank = blank + V if blank < 0 else blank
-    fused = bool(a.get("fused_log_softmax", True))
+    fused = checks.flag(a.get("fused_log_softmax", True), "fused_log_softmax")
     return _diagnose_joint("rnnt", a, [x], loss, [grad], blank, fused)
 
 
@@ -460,7 +461,7 @@ def _diagnose_joint(kind: str, a: dict, parts: list[Tensor], loss: Tensor, grads
     x = parts[0]
     device = x.device
     B = x.shape[0]
-    zero_inf = bool(a.get("zero_infinity", False))
+    zero_inf = checks.flag(a.get("zero_infinity", False), "zero_infinity")
     tl_ = checks.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
     ul_ = checks.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
     lps = [torch.log_softmax(p.double(), dim=-1) if fused else p for p in parts]

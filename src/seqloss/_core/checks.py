@@ -52,6 +52,35 @@ def int_arg(x: object, name: str) -> int:
     raise InputTypeError(f"{name} must be an int, got {type(x).__name__}")
 
 
+def flag(x: object, name: str) -> bool:
+    """A boolean argument (``zero_infinity``, ``validate``, ...) as a ``bool``.
+
+    Takes what ``bool()`` reads unambiguously: ``True``/``False``, a numpy bool, the
+    ints 0 and 1, or a 0-D bool or integer tensor holding 0 or 1 (read on the host: a
+    sync for a device tensor). Anything else is a ``TypeError`` naming the argument:
+    a tensor of several values is ambiguous, and a string, ``None`` or another number
+    there is usually an argument in the wrong place (``bool("False")`` is ``True``).
+    """
+    if x is True or x is False:
+        return x
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if _is_int(x) and x in (0, 1):
+        return bool(x)
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0 and not x.dtype.is_floating_point and not x.dtype.is_complex:
+            v = x.item()
+            if v in (0, 1):
+                return bool(v)
+            raise InputTypeError(f"{name} must be a bool, got a 0-D {x.dtype} tensor "
+                                 f"holding {v}")
+        raise InputTypeError(f"{name} must be a bool, got a {x.dtype} tensor of shape "
+                             f"{tuple(x.shape)}")
+    what = f"{type(x).__name__} {x!r}" if isinstance(x, (int, float, str, np.number)) else (
+        type(x).__name__)
+    raise InputTypeError(f"{name} must be a bool, got {what}")
+
+
 def as_index_tensor(
     x: object, name: str, device: torch.device, *, allow_scalar: bool = False
 ) -> torch.Tensor:

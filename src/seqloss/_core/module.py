@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from . import checks
+
 
 def _differs(value: object, default: object) -> bool:
     # Durations may be a numpy array or a tensor: their != is elementwise.
@@ -25,6 +27,8 @@ class LossModule(torch.nn.Module):
     def __init__(self, **kwargs: object) -> None:
         super().__init__()
         for k, v in kwargs.items():
+            if isinstance(self._defaults.get(k), bool):  # a flag: its error here, not at forward
+                v = checks.flag(v, k)
             setattr(self, k, v)
 
     def extra_repr(self) -> str:

@@ -44,7 +44,8 @@ def ctc_loss(
         blank: the blank class, ``0 <= blank < C``.
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the batch mean of
             ``loss_b / max(target_length_b, 1)`` (torch's definition).
-        zero_infinity: impossible alignments give 0 instead of ``+inf``.
+        zero_infinity: a ``+inf`` loss (an impossible alignment, or a path score past
+            the float range) gives 0 and a zero gradient for that sequence, as torch.
         fused_log_softmax: take the log-softmax inside; the gradient is then with
             respect to the logits directly (``softmax - occupation``), as warp-ctc.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
@@ -81,6 +82,9 @@ def ctc_loss(
         return loss
     checks.check_float_tensor(log_probs, "log_probs")
     checks.check_reduction(reduction)
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
+    validate = checks.flag(validate, "validate")
     blank = checks.int_arg(blank, "blank")
     log_probs, tg, il, tl, unbatched = ctc_inputs(
         log_probs, targets, input_lengths, target_lengths, blank
@@ -93,8 +97,8 @@ def ctc_loss(
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
     loss, _ = call_loss_op(
         ctc_loss_op, ctc_loss_impl, 1, None,
-        log_probs, tg, il, tl, blank, bool(fused_log_softmax), op_reduction, bool(zero_infinity),
-        name, compute_grad, bool(validate),
+        log_probs, tg, il, tl, blank, fused_log_softmax, op_reduction, zero_infinity,
+        name, compute_grad, validate,
     )
     if loss.dtype != log_probs.dtype and log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)

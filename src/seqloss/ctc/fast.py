@@ -44,6 +44,8 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     dt = log_probs.dtype if type(log_probs) is Tensor else None
     if (dt is None or (dt is not _F32 and dt is not _F64)
             or not log_probs.is_cpu or log_probs.dim() != 3 or type(blank) is not int
+            or type(zero_infinity) is not bool or type(fused_log_softmax) is not bool
+            or type(validate) is not bool
             or type(targets) is not Tensor or targets.dtype is not _I64 or not targets.is_cpu
             or not targets.is_contiguous() or not numba_chosen(backend)):
         return None
@@ -90,10 +92,10 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     concat = targets.dim() == 1
     R, S = (1, targets.shape[0]) if concat else targets.shape
     kargs = (k._ZERO[dt], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S,  # noqa: SLF001
-             concat, 0, il.data_ptr(), tl.data_ptr(), blank, bool(fused_log_softmax),
+             concat, 0, il.data_ptr(), tl.data_ptr(), blank, fused_log_softmax,
              compute_grad, gp, rp if red == 0 else 0, 0, 0, int(k._SEGMENT_OVERRIDE), red,  # noqa: SLF001
-             bool(zero_infinity), 0 if red == 0 else rp, bool(validate), 0, 0)
-    spec = (k, kargs, res, grad, targets, il, tl, bool(validate))
+             zero_infinity, 0 if red == 0 else rp, validate, 0, 0)
+    spec = (k, kargs, res, grad, targets, il, tl, validate)
     if compute_grad:
         return _apply(spec, log_probs)
     _run(spec, log_probs)

@@ -1121,15 +1121,22 @@ RED_NONE, RED_SUM, RED_MEAN = 0, 1, 2
 
 
 @njit(cache=True, error_model="numpy")
-def _finish(loss, tl, red, zero_infinity, out):
-    """``zero_infinity`` (in place) and the reduction, as ``seqloss._core.reduce.finish``:
-    the sum or torch's mean ``sum_b loss_b / (B max(L_b, 1))`` of the ``(B,)`` losses
-    into the 0-D ``out`` (accumulated in float64, one rounding)."""
+def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
+    """``zero_infinity`` (in place, on the losses and the gradient ``grad``, empty when
+    none) and the reduction, as ``seqloss._core.reduce.finish``: the sum or torch's
+    mean ``sum_b loss_b / (B max(L_b, 1))`` of the ``(B,)`` losses into the 0-D
+    ``out`` (accumulated in float64, one rounding)."""
     B = loss.shape[0]
     if zero_infinity:
         for b in range(B):
             if loss[b] == INF:
-                loss[b] = 0.0  # its gradient is already 0; NaN stays NaN
+                # NaN stays NaN. An overflowed feasible path has finite occupations.
+                loss[b] = 0.0
+                if grad.size:
+                    if tb_layout:
+                        grad[:, b, :] = 0.0
+                    else:
+                        grad[b] = 0.0
     if red != RED_NONE:
         acc = 0.0
         for b in range(B):
@@ -1201,7 +1208,7 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     for b in range(B):
         _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, compute_grad, grad, loss,
                  status, mode, seg, red, b)
-    _finish(loss, tl, red, zero_infinity, out)
+    _finish(loss, tl, red, zero_infinity, out, grad, tb_layout)
     return 0
 
 
@@ -1349,7 +1356,9 @@ def ctc_loss_forward(
     else:
         _run_batch(args, B, il)
         if zero_infinity or red != RED_NONE:
-            _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1))
+            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work].dtype)
+            _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
+                    tb_layout)
     loss = loss if red == RED_NONE else out
     if _status is not None:
         names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",

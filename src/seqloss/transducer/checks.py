@@ -48,9 +48,14 @@ def transducer_inputs(
     il = as_index_tensor(logit_lengths, "logit_lengths", device)
     tl = as_index_tensor(target_lengths, "target_lengths", device)
     if packed:
-        if il.dim() != 1 and il.numel() == 1:  # 0-D or (1, 1): a batch of one
+        # No batch axis in the logits: the lengths give B. A 0-D or (1, 1) length is a
+        # batch of one, a (B, 1) column a batch of B (B = 0 included), as check_batch
+        # takes them for padded logits.
+        if il.dim() == 0:
             il = il.reshape(1)
-        check_ndim(il, "logit_lengths", (1,), "(B,)")
+        elif il.dim() == 2 and il.shape[1] == 1:
+            il = il.reshape(il.shape[0])
+        check_ndim(il, "logit_lengths", (1,), "(B,) or a (B, 1) column")
     B = logits.shape[0] if not packed else il.shape[0]
     il = check_batch(il, "logit_lengths", B)
     tl = check_batch(tl, "target_lengths", B)

@@ -34,6 +34,8 @@ def multiblank_rnnt_loss(
 ) -> Tensor:
     tg, il, tl, blank = transducer_inputs(logits, targets, logit_lengths, target_lengths, blank,
                                           packed=False)
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    validate = checks.flag(validate, "validate")
     durs = check_durations(big_blank_durations, "big_blank_durations")
     for i, d in enumerate(durs):
         if d <= 1:
@@ -53,8 +55,8 @@ def multiblank_rnnt_loss(
     ints, floats = table.encode()
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, None, logits, tg, il, tl, ints,
-                           floats, True, reduction, bool(zero_infinity), name, compute_grad,
-                           bool(validate))
+                           floats, True, reduction, zero_infinity, name, compute_grad,
+                           validate)
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss
@@ -86,8 +88,9 @@ multiblank_rnnt_loss.__doc__ = r"""Multi-blank RNN-T loss (Xu et al., 2022), NeM
             ``U_b`` is 0).
         fastemit_lambda: FastEmit ``λ >= 0``: the gradient through every label emission
             is scaled by ``1 + λ``, and the loss by ``1 + λ`` (NeMo's definition).
-        zero_infinity: infeasible sequences (no frame, or every path through a ``-inf``
-            log-probability) give 0 instead of ``+inf``; their gradient is 0 either way.
+        zero_infinity: a ``+inf`` loss (no frame, every path through a ``-inf``
+            log-probability, or a path score past the float range) gives 0 and a zero
+            gradient for that sequence.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
         validate: check lengths and ids (a device-to-host sync on CUDA).
 

@@ -60,8 +60,9 @@ def joint_loss_impl(
         w = volume_weight(target_lengths.to(loss.device), loss.dtype)
     else:
         w = None
+    rows = logit_lengths * (target_lengths + 1) if zero_infinity and logits.dim() == 2 else None
     return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=0,
-                  grad_scaled=reduction == "mean")
+                  grad_scaled=reduction == "mean", rows=rows)
 
 
 def rnnt_loss_impl(

@@ -66,14 +66,17 @@ def _loss(
     tg, il, tl, blank = transducer_inputs(
         logits, targets, logit_lengths, target_lengths, blank, packed=packed
     )
+    fused = checks.flag(fused_log_softmax, "fused_log_softmax")
+    validate = checks.flag(validate, "validate")
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    inplace_grad = checks.flag(inplace_grad, "inplace_grad")
     checks.check_reduction(reduction, transducer=True)
     clamp = checks.check_float_arg(clamp, "clamp")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, logits.device)
-    fused = bool(fused_log_softmax)
     if inplace_grad:
         loss = rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
-                                      reduction, bool(zero_infinity), name, bool(validate))
+                                      reduction, zero_infinity, name, validate)
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
         per_batch = None
@@ -83,8 +86,7 @@ def _loss(
 
         loss, _ = call_loss_op(rnnt_loss_op, rnnt_loss_impl, 0, per_batch, logits,
                                     tg, il, tl, blank, clamp, fused, fastemit_lambda, reduction,
-                                    bool(zero_infinity), name,
-                                    compute_grad, bool(validate))
+                                    zero_infinity, name, compute_grad, validate)
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss
@@ -133,7 +135,8 @@ rnnt_loss.__doc__ = r"""RNN-T loss, a drop-in for :func:`torchaudio.functional.r
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
             (default from ``SEQLOSS_BACKEND``).
         validate: check lengths and ids (a device-to-host sync on CUDA).
-        zero_infinity: infeasible sequences give 0 instead of ``+inf``.
+        zero_infinity: a ``+inf`` loss (infeasible, or a path score past the float
+            range) gives 0 and a zero gradient for that sequence.
         inplace_grad: write the gradient into ``logits``' storage (see Memory).
 
     Returns:

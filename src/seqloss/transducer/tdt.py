@@ -120,7 +120,7 @@ def _tdt_forward(
     else:
         w = None
     loss, g = finish(loss, g, reduction, zero_infinity, weights=w, batch_dim=0,
-                     grad_scaled=reduction == "mean")
+                     grad_scaled=reduction == "mean", more=(gd,) if pair else ())
     if pair and w is not None and reduction != "mean" and gd.numel():
         gd.mul_(w.to(torch.float64 if gd.dtype == torch.float64 else gd.dtype))
     return loss, g, gd
@@ -342,6 +342,8 @@ def tdt_loss(
     tg, il, tl, _ = transducer_inputs(tok, targets, logit_lengths, target_lengths, blank,
                                       packed=False)
     checks.check_reduction(reduction, transducer=True)
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    validate = checks.flag(validate, "validate")
     clamp = checks.check_float_arg(clamp, "clamp")
     sigma = checks.check_float_arg(sigma, "sigma")
     omega = checks.check_float_arg(omega, "omega", low=0.0)
@@ -351,14 +353,14 @@ def tdt_loss(
     name = resolve_backend(backend, tok.device)
     table = tdt_table(V, blank, durs, sigma, clamp)
     ints, floats = table.encode()
-    rest = (tg, il, tl, ints, floats, omega, reduction, bool(zero_infinity), name)
+    rest = (tg, il, tl, ints, floats, omega, reduction, zero_infinity, name)
     if joint is not None:
         compute_grad = torch.is_grad_enabled() and joint.requires_grad
         loss, _ = call_loss_op(tdt_loss_op, tdt_loss_impl, 0, None, joint, *rest, compute_grad,
-                               bool(validate))
+                               validate)
     else:
         compute_grad = torch.is_grad_enabled() and (tok.requires_grad or dur.requires_grad)
-        loss, _, _ = _call_pair(tok, dur, *rest, compute_grad, bool(validate))
+        loss, _, _ = _call_pair(tok, dur, *rest, compute_grad, validate)
     if tok.dtype in (torch.float32, torch.float64):
         loss = loss.to(tok.dtype)
     return loss
@@ -391,8 +393,8 @@ tdt_loss.__doc__ = r"""Token-and-Duration Transducer loss (Xu et al., 2023), NeM
         reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"`` (the plain batch mean);
             ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``, NeMo's; divisor 1 when every
             ``U_b`` is 0).
-        zero_infinity: infeasible sequences give 0 instead of ``+inf`` (zero gradient
-            either way).
+        zero_infinity: a ``+inf`` loss (infeasible, or a path score past the float
+            range) gives 0 and a zero gradient for that sequence.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
         validate: check lengths and ids (a device-to-host sync on CUDA).
 
