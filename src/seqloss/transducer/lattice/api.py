@@ -74,7 +74,8 @@ def transducer_lattice(
     its occupation (the posterior probability that a path takes it); zero for a
     sequence with no path, and for every entry no path reads (frames ``t >= T_b``,
     rows ``u > U_b``, emissions at ``u = U_b``), which may hold anything, NaN
-    included. Accumulation in float32 (float64 for float64 arcs).
+    included. alpha and beta in float64 whatever the arcs' dtype (a float32
+    gradient is within ~2e-7 of float64's at T = 4000), each result rounded once.
 
     RNN-T is ``blank_durations=(1,)``, ``emit_durations=(0,)`` with
     ``arc_blank = log p(blank)`` and ``arc_emit = log p(y_{u+1})``.
@@ -86,6 +87,8 @@ def transducer_lattice(
                       emit_durations, emit_can_end, backend, validate)
     if ll is not None:
         return ll
+    emit_can_end = _validate.flag(emit_can_end, "emit_can_end")
+    validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(arc_blank, "arc_blank")
     _validate.check_float_tensor(arc_emit, "arc_emit")
     _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")
@@ -115,6 +118,6 @@ def transducer_lattice(
         _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad or arc_emit.requires_grad)
-    ll, _, _ = call_lattice(arc_blank, arc_emit, il, tl, bd, ed, bool(emit_can_end), name,
-                            compute_grad, bool(validate))
+    ll, _, _ = call_lattice(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end, name,
+                            compute_grad, validate)
     return ll

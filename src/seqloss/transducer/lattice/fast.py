@@ -74,7 +74,8 @@ def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durat
     ed = _durations(emit_durations, se[3], 0)
     il = _lengths(logit_lengths, B)
     tl = _lengths(target_lengths, B)
-    if bd is None or ed is None or il is None or tl is None or type(emit_can_end) is not bool:
+    if (bd is None or ed is None or il is None or tl is None or type(emit_can_end) is not bool
+            or type(validate) is not bool):  # any other flag: the general path checks it
         return None
     # Out-of-range lengths: the general path raises the error naming them.
     if validate is not False and (il.min() < 0 or il.max() > T or tl.min() < 0
