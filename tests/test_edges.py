@@ -519,10 +519,9 @@ def _calls():
     return out
 
 
-# Flags of files other sessions own (factored/*, from_joint.py, lattice/*): the checks
-# to add there are one ``seqloss._core.checks.flag(value, name)`` per flag.
-_PENDING_FLAGS = ("_from_joint-", "rnnt_loss_simple-", "rnnt_loss_smoothed-",
-                  "rnnt_loss_pruned-", "get_rnnt_prune_ranges-")
+# Flags of files other sessions own (from_joint.py): the checks to add there are one
+# ``seqloss._core.checks.flag(value, name)`` per flag.
+_PENDING_FLAGS = ("_from_joint-",)
 _FLAG_XFAIL = pytest.mark.xfail(strict=True, reason="flag check pending in a file another "
                                 "session edits (issue 22, item 8)")
 FLAG_CALLS = [pytest.param(f, c, id=i) for i, f, c in _calls()]

@@ -22,6 +22,7 @@ from test_factored import (
     oracle_smoothed,
 )
 
+import seqloss
 from seqloss import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -410,3 +411,68 @@ def test_property_padding_garbage_never_reaches_a_gradient(data, loss_name, rt, 
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
     torch.testing.assert_close(got[2], want[2], rtol=0, atol=0)
     assert (got[1][frame_pad] == 0).all() and (got[2][pos_pad] == 0).all()
+
+
+# ------------------------------------------------------------------------ zero_infinity, px_grad
+@pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["f32", "f64"])
+@pytest.mark.parametrize("rnnt_type", TYPES)
+@pytest.mark.parametrize("loss_name", ["simple", "smoothed"])
+def test_zero_infinity_zeroes_returned_occupations_of_overflowed_sequence(loss_name, rnnt_type,
+                                                                           dtype):
+    """A feasible path whose score overflows (every termination arc of sequence 0 at
+    ``finfo.min``) has loss ``+inf`` and finite occupations; with ``zero_infinity`` its
+    loss is 0 and its ``px_grad``/``py_grad`` are 0, as its autograd gradient is; the
+    other sequence's outputs are those of the call without the flag."""
+    am, lm, sym = _inputs(B=2, T=3, S=1, C=3, seed=41)
+    am, lm = am.detach().to(dtype), lm.detach().to(dtype)
+    am[0, :, 0] = torch.finfo(dtype).min  # the termination symbol, every frame of sequence 0
+    kw = dict(rnnt_type=rnnt_type, reduction="none", return_grad=True)
+    fn = rnnt_loss_simple if loss_name == "simple" else rnnt_loss_smoothed
+    ref, (rpx, rpy) = fn(lm, am, sym, 0, **kw)
+    assert ref[0].item() == float("inf") and torch.isfinite(ref[1])  # the premise
+    a, m = am.clone().requires_grad_(), lm.clone().requires_grad_()
+    loss, (px, py) = fn(m, a, sym, 0, zero_infinity=True, **kw)
+    assert loss[0].item() == 0.0 and torch.equal(loss[1], ref[1])
+    assert not px[0].any() and not py[0].any()
+    assert torch.equal(px[1], rpx[1]) and torch.equal(py[1], rpy[1])
+    ga, gm = torch.autograd.grad(loss.sum(), (a, m))
+    assert not ga[0].any()
+    if loss_name == "simple":  # the smoothed unigram couples lm across the batch
+        assert not gm[0].any()
+
+
+def test_zero_infinity_occupations_issue_reproducer():
+    # issue 22's case: empty target, every termination arc at finfo.min: loss 0, py_grad 1
+    am = torch.zeros(1, 3, 3)
+    am[0, :, 0] = torch.finfo(torch.float32).min
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    loss, (px, py) = rnnt_loss_simple(torch.zeros(1, 1, 3), am, empty, 0, return_grad=True,
+                                      zero_infinity=True)
+    assert loss.item() == 0.0 and px.shape == (1, 0, 4) and py.shape == (1, 1, 3)
+    assert not py.any()
+
+
+# --------------------------------------------------------------------------- diagnose("pruned")
+@pytest.mark.parametrize("zi", [False, True, torch.tensor(True)], ids=["off", "on", "tensor"])
+def test_diagnose_pruned_reports_zero_infinity(zi):
+    """``zero_infinity`` reaches the report and its verdicts: a frameless sequence (1)
+    and one whose windows miss the final state (2) are flagged whether their loss is
+    ``+inf`` or the 0 that ``zero_infinity`` makes of it; sequence 0 is ok."""
+    on = bool(zi)
+    g = torch.Generator().manual_seed(42)
+    logits = torch.randn(3, 3, 2, 4, generator=g, dtype=F64)
+    sym = torch.tensor([[1, 2], [1, 2], [1, 2]])
+    ranges = torch.tensor([0, 1, 1]).repeat(3, 1)[:, :, None] + torch.arange(2)
+    ranges[2] = torch.tensor([0, 1])  # every frame [0, 1]: the final state 2 is never in it
+    bnd = torch.tensor([[0, 0, 2, 3], [0, 0, 2, 0], [0, 0, 2, 3]])
+    want = rnnt_loss_pruned(logits, sym, ranges, 0, boundary=bnd, reduction="none",
+                            zero_infinity=on)
+    inf = 0.0 if on else float("inf")
+    assert torch.isfinite(want[0]) and want[1:].tolist() == [inf, inf]
+    rep = seqloss.diagnose("pruned", logits, sym, ranges, 0, boundary=bnd, zero_infinity=zi)
+    assert rep.zero_infinity is on and rep.to_dict()["zero_infinity"] is on
+    assert [s.loss for s in rep.sequences] == want.tolist()
+    assert [s.status for s in rep.sequences] == ["ok", "infeasible", "warning"]
+    tail = "loss 0 (zero_infinity)" if on else "+inf loss"
+    assert tail in rep.sequences[1].verdict and tail in rep.sequences[2].verdict
+    assert "miss the start or final state" in rep.sequences[2].verdict

@@ -111,11 +111,16 @@ def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Optional[Te
     if dp != 0.0:
         emit = emit + arcs.delay_penalty_term(dp, lens, T, emit.dtype)
     ll, oe, ob = arcs.run_lattice(emit, blank, lens, rt, bnd is not None, name, validate,
-                                  bool(return_grad))
+                                  return_grad)
     nll = -ll
     if zero_infinity:
-        # No path: 0 instead of +inf; its gradient (the occupations) is already 0.
-        nll = torch.where(nll == float("inf"), 0.0, nll)
+        # 0 instead of +inf, and no gradient: torch.where stops autograd's; the returned
+        # occupations are zeroed too, as a path whose score overflowed has finite ones.
+        inf = nll == float("inf")
+        nll = torch.where(inf, 0.0, nll)
+        if return_grad:
+            oe = torch.where(inf[:, None, None], 0.0, oe)
+            ob = torch.where(inf[:, None, None], 0.0, ob)
     loss = _reduce(nll, reduction, lens)
     if return_grad:
         return loss, _grads(oe, ob, S, rt)
@@ -167,8 +172,9 @@ def rnnt_loss_simple(
             (``d(-loss_b)/d px``, ``d(-loss_b)/d py`` of the ``"none"`` losses):
             ``px_grad (B, S, T + 1)`` (regular; its column ``T`` is 0) or ``(B, S, T)``,
             ``py_grad (B, S + 1, T)``, for ``get_rnnt_prune_ranges``.
-        zero_infinity: a sequence with no path (e.g. ``T_b = 0``) gets loss 0 instead
-            of ``+inf`` (its gradient is 0 either way).
+        zero_infinity: a sequence whose loss is ``+inf`` (no path, e.g. ``T_b = 0``, or
+            a path whose score overflows) gets loss 0 and zero gradient (``px_grad`` and
+            ``py_grad`` included).
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
         validate: check the values of ``boundary`` and ``symbols`` (a device sync on
             CUDA); ``False`` skips every value read.
@@ -176,14 +182,17 @@ def rnnt_loss_simple(
     Returns:
         The loss, or ``(loss, (px_grad, py_grad))`` with ``return_grad``.
     """
+    return_grad = _validate.flag(return_grad, "return_grad")
+    zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
+    validate = _validate.flag(validate, "validate")
     B, T, C, S, sym, term, bnd, rt, dp = _factored_inputs(
         lm, am, symbols, termination_symbol, boundary, rnnt_type, reduction, delay_penalty)
     name = resolve_backend(backend, am.device)
-    lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, bool(validate))
+    lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, validate)
     lm, am = _unpadded(lm, am, lens, bnd)
     emit, blank = arcs.simple_arcs(lm, am, sym_ext, term, rt, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
-                   bool(validate), bool(zero_infinity))
+                   validate, zero_infinity)
 
 
 def rnnt_loss_smoothed(
@@ -219,16 +228,19 @@ def rnnt_loss_smoothed(
         lm_only_scale: weight of the LM-only scores.
         am_only_scale: weight of the AM-only (unigram-LM) scores.
     """
+    return_grad = _validate.flag(return_grad, "return_grad")
+    zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
+    validate = _validate.flag(validate, "validate")
     B, T, C, S, sym, term, bnd, rt, dp = _factored_inputs(
         lm, am, symbols, termination_symbol, boundary, rnnt_type, reduction, delay_penalty)
     ls = checks.check_scale(lm_only_scale, "lm_only_scale")
     as_ = checks.check_scale(am_only_scale, "am_only_scale")
     name = resolve_backend(backend, am.device)
-    lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, bool(validate))
+    lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, validate)
     lm, am = _unpadded(lm, am, lens, bnd)
     emit, blank = arcs.smoothed_arcs(lm, am, sym_ext, term, rt, ls, as_, lens, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, return_grad, name,
-                   bool(validate), bool(zero_infinity))
+                   validate, zero_infinity)
 
 
 def rnnt_loss_pruned(
@@ -265,6 +277,8 @@ def rnnt_loss_pruned(
             ``get_rnnt_prune_ranges`` widens a regular ``s_range`` too small for a
             sequence as fast_rnnt does, so its ranges always reach it.
     """
+    zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
+    validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(logits, "logits")
     _validate.check_ndim(logits, "logits", (4,), "(B, T, s_range, C)")
     B, T, R, C = logits.shape
@@ -290,11 +304,11 @@ def rnnt_loss_pruned(
     _validate.check_reduction(reduction, transducer=True)
     dp = _validate.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, logits.device)
-    lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, bool(validate))
+    lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, validate)
     logits = logits.to(arcs.compute_dtype(logits.dtype))
     emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt)
-    return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, bool(validate),
-                   bool(zero_infinity))
+    return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, validate,
+                   zero_infinity)
 
 
 for _f in (rnnt_loss_simple, rnnt_loss_smoothed, rnnt_loss_pruned):

@@ -8,6 +8,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..._core import checks as _checks
+
 # the module (``seqloss.diagnose`` the attribute is the function)
 _d = importlib.import_module("seqloss.diagnose")
 
@@ -19,6 +21,7 @@ def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):  # noqa: AN
     B, T, R, _ = x.shape
     S = a["symbols"].shape[1]
     rt = a.get("rnnt_type", "regular")
+    zero_inf = _checks.flag(a.get("zero_infinity", False), "zero_infinity")
     bnd = a.get("boundary")
     bnd = (torch.tensor([[0, 0, S, T]] * B) if bnd is None else bnd.detach().cpu()).tolist()
     r0 = a["ranges"][:, :, 0].detach().cpu()
@@ -41,10 +44,15 @@ def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):  # noqa: AN
         finite = lp[torch.isfinite(lp)]
         mn = float(finite.min()) if finite.numel() else None
         status, verdict = _d._verdict(Tb >= needed, needed, Tb, Ub, None, lb, nf, None, 0.0,
-                                      False, "pruned", True)
-        if status == "warning" and math.isinf(lb) and not covers:
-            verdict = ("warning: +inf loss: the windows (ranges) miss the start or final state, "
-                       "so no path survives pruning")
+                                      zero_inf, "pruned", True)
+        # A window that misses the start or final state leaves no path: +inf, which
+        # zero_infinity turns into a 0 that would otherwise read as "ok".
+        if status in ("ok", "warning") and not covers and (
+                math.isinf(lb) or (zero_inf and lb == 0.0)):
+            status = "warning"
+            verdict = ("warning: the windows (ranges) miss the start or final state, so no path "
+                       "survives pruning -> " + ("loss 0 (zero_infinity), zero gradient"
+                                                 if zero_inf else "+inf loss"))
         seqs.append(_d.SequenceDiagnosis(
             index=b, frames=Tb, frames_needed=needed, target_length=Ub, repeats=None,
             feasible=Tb >= needed, loss=lb, nonfinite=nf, grad_max=gmax, min_log_prob=mn,
@@ -57,6 +65,6 @@ def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):  # noqa: AN
     return _d.Diagnosis(
         kind="pruned", shape=tuple(x.shape), dtype=str(x.dtype).replace("torch.", ""),
         device=str(x.device), backend=_d._backend_name(a, x.device),
-        blank=int(a["termination_symbol"]), fused_log_softmax=True, zero_infinity=False,
+        blank=int(a["termination_symbol"]), fused_log_softmax=True, zero_infinity=zero_inf,
         sequences=seqs, extra=extra,
     )

@@ -102,6 +102,7 @@ def get_rnnt_prune_ranges(
         ``(B, T, R)`` int64, ``ranges[b, t] = r_t, r_t + 1, ..., r_t + R - 1``, ``R`` the
         (widened) ``s_range``, at most ``S + 1``.
     """
+    validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(px_grad, "px_grad")
     _validate.check_float_tensor(py_grad, "py_grad")
     _validate.check_ndim(px_grad, "px_grad", (3,), "(B, S, T + 1) or (B, S, T)")
@@ -122,7 +123,7 @@ def get_rnnt_prune_ranges(
     boundary = checks.check_boundary(boundary, B, device)
     R = min(s_range, S + 1)
     if regular:
-        R = _widened(R, boundary, S, T, bool(validate) or (
+        R = _widened(R, boundary, S, T, validate or (
             boundary is not None and _validate.host_side(boundary)))
     sym = torch.zeros((B, S), dtype=torch.int64, device=device)
     lens, _ = checks.bounds(boundary, sym, None, T, 1, -1, "regular" if regular else "modified",
