@@ -10,6 +10,7 @@ PUBLIC = {
     "CTCLoss", "InputError", "RNNTLoss", "ctc_align", "ctc_loss", "diagnose", "grad_clamp",
     "rnnt_align", "rnnt_loss", "rnnt_loss_packed", "transducer_lattice",
     "MultiBlankRNNTLoss", "TDTLoss", "multiblank_rnnt_loss", "tdt_loss",
+    "multiblank_rnnt_align", "tdt_align",
     "logmmexp",
     "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "get_rnnt_prune_ranges",
     "do_rnnt_pruning",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ._core.errors import InputError
 from ._core.grad_clamp import grad_clamp
-from .align import ctc_align, rnnt_align
+from .align import ctc_align, multiblank_rnnt_align, rnnt_align, tdt_align
 from .ctc import CTCLoss, ctc_loss
 from .diagnose import diagnose
 from .logmm import logmmexp
@@ -46,6 +46,7 @@ __all__ = [
     "get_rnnt_prune_ranges",
     "grad_clamp",
     "logmmexp",
+    "multiblank_rnnt_align",
     "multiblank_rnnt_loss",
     "multiblank_rnnt_loss_from_joint",
     "rnnt_align",
@@ -55,6 +56,7 @@ __all__ = [
     "rnnt_loss_pruned",
     "rnnt_loss_simple",
     "rnnt_loss_smoothed",
+    "tdt_align",
     "tdt_loss",
     "tdt_loss_from_joint",
     "transducer_lattice",

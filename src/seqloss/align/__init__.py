@@ -1,5 +1,6 @@
-"""Forced alignment (Viterbi) for CTC and RNN-T: public functions, reference and kernels."""
+"""Forced alignment (Viterbi): CTC's own kernels; the transducers' from the lattice."""
 
-from .api import ctc_align, rnnt_align
+from .api import ctc_align
+from .transducer import multiblank_rnnt_align, rnnt_align, tdt_align
 
-__all__ = ["ctc_align", "rnnt_align"]
+__all__ = ["ctc_align", "multiblank_rnnt_align", "rnnt_align", "tdt_align"]

@@ -1,4 +1,4 @@
-"""Viterbi forced alignment (CTC, RNN-T) with Numba on CPU, parallel over the batch.
+"""CTC Viterbi forced alignment with Numba on CPU, parallel over the batch.
 
 One GIL-free function per sequence, run on the shared thread pool
 (:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the thread count).
@@ -83,51 +83,6 @@ def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, 
         s -= bp[t, s]
 
 
-@numba.njit(nogil=True, cache=True)
-def rnnt_align_kernel(blank_lp, emit_lp, logit_lengths, target_lengths, frames, scores, b):  # noqa: ANN001
-    """Sequence ``b``: lattice max recursion, then backtrack.
-
-    ``blank_lp (B, T, U+1)``, ``emit_lp (B, T, U)``, float32/float64, any strides.
-
-    Updates:
-        frames[b] (U,): emission frame per token (prefilled with -1).
-        scores[b]: best path's log-probability (prefilled with ``-inf``).
-    """
-    Tb = logit_lengths[b]
-    Ub = target_lengths[b]
-    if Tb == 0:
-        return
-    delta = np.empty((Tb, Ub + 1), dtype=blank_lp.dtype)
-    emit_wins = np.zeros((Tb, Ub + 1), dtype=np.bool_)
-    delta[0, 0] = 0.0
-    for u in range(1, Ub + 1):
-        delta[0, u] = delta[0, u - 1] + emit_lp[b, 0, u - 1]
-        emit_wins[0, u] = True
-    for t in range(1, Tb):
-        delta[t, 0] = delta[t - 1, 0] + blank_lp[b, t - 1, 0]
-        for u in range(1, Ub + 1):
-            from_blank = delta[t - 1, u] + blank_lp[b, t - 1, u]
-            from_emit = delta[t, u - 1] + emit_lp[b, t, u - 1]
-            # Ties go to the blank arc.
-            if from_emit > from_blank:
-                delta[t, u] = from_emit
-                emit_wins[t, u] = True
-            else:
-                delta[t, u] = from_blank
-    score = delta[Tb - 1, Ub] + blank_lp[b, Tb - 1, Ub]
-    scores[b] = score
-    if not score > -np.inf:
-        return
-    t = Tb - 1
-    u = Ub
-    while u > 0 and t >= 0:
-        if emit_wins[t, u]:
-            frames[b, u - 1] = t
-            u -= 1
-        else:
-            t -= 1
-
-
 def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().numpy()
 
@@ -153,24 +108,3 @@ def ctc_align_forward(
              (_np(lp), _np(targets.contiguous()), il, tl, blank, _np(labels), _np(scores)),
              range(B), order=il * (2 * tl + 1))
     return labels, scores
-
-
-def rnnt_align_forward(
-    blank_lp: torch.Tensor,
-    emit_lp: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.align.reference.rnnt_align_forward`."""
-    B, T, U1 = blank_lp.shape
-    frames = torch.full((B, U1 - 1), -1, dtype=torch.int64)
-    scores = torch.full((B,), float("-inf"), dtype=blank_lp.dtype)
-    if T == 0 or B == 0:
-        return frames, scores
-    if emit_lp.shape[2] == 0:  # Numba cannot view a zero-size strided axis reliably
-        emit_lp = emit_lp.new_zeros((B, T, 1))
-    il, tl = own_lines(_np(logit_lengths.cpu())), own_lines(_np(target_lengths.cpu()))
-    run_jobs(rnnt_align_kernel,
-             (_np(blank_lp.contiguous()), _np(emit_lp.contiguous()), il, tl, _np(frames), _np(scores)),
-             range(B), order=il * (tl + 1))
-    return frames, scores

@@ -1,7 +1,7 @@
-"""Viterbi forced alignment (CTC and RNN-T) in pure PyTorch.
+"""CTC Viterbi forced alignment in pure PyTorch (the transducers' is the lattice's).
 
-Vectorized over the batch and the states; loops over frames (CTC) or lattice
-diagonals (RNN-T) in Python, so slow for long inputs but simple. Works on any
+Vectorized over the batch and the states; loops over frames in Python, so slow
+for long inputs but simple. Works on any
 device. The arithmetic is the same as the Numba and Triton kernels' (one
 addition per arc, exact maxima, float32 for float32 input), so all backends
 give bit-identical alignments, ties included.
@@ -105,76 +105,3 @@ def ctc_align_forward(
     labels = torch.where(none, blank, labels)
     scores = torch.where(none, NEG_INF, scores)
     return labels, scores
-
-
-def rnnt_align_forward(
-    blank_lp: torch.Tensor,
-    emit_lp: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batched RNN-T Viterbi alignment on the lattice's arc log-probabilities.
-
-    Args:
-        blank_lp: ``(B, T, U + 1)`` float32/float64, ``log p(blank | t, u)``.
-        emit_lp: ``(B, T, U)``, ``log p(y_{u+1} | t, u)``.
-        logit_lengths, target_lengths: ``(B,)`` int64, validated (``U_b <= U``).
-
-    Returns:
-        ``frames (B, U)`` int64, the frame at which token ``u`` is emitted on the
-        best path (``-1`` past ``target_lengths[b]``), and ``scores (B,)``, the best
-        path's log-probability. No path of nonzero probability (or no frames):
-        frames ``-1`` and score ``-inf``.
-
-    Recursion (tie: the blank arc wins unless the emission is strictly greater)::
-
-        delta[0, 0] = 0
-        delta[t, u] = max(delta[t-1, u] + blank[t-1, u], delta[t, u-1] + emit[t, u-1])
-        score = delta[T_b-1, U_b] + blank[T_b-1, U_b]
-    """
-    B, T, U1 = blank_lp.shape
-    U = U1 - 1
-    device = blank_lp.device
-    frames = torch.full((B, U), -1, dtype=torch.int64, device=device)
-    scores = torch.full((B,), NEG_INF, dtype=blank_lp.dtype, device=device)
-    if T == 0 or B == 0:
-        return frames, scores
-    delta = torch.full((B, T, U1), NEG_INF, dtype=blank_lp.dtype, device=device)
-    emit_wins = torch.zeros((B, T, U1), dtype=torch.bool, device=device)
-    delta[:, 0, 0] = 0.0
-    u = torch.arange(U1, device=device)
-    # One -inf column so that the lane u = 0 (no emission into it) can index safely.
-    emit_pad = torch.cat([emit_lp, torch.full_like(blank_lp[:, :, :1], NEG_INF)], dim=2)
-    # Anti-diagonal wavefront: every node of diagonal n = t + u depends on diagonal n - 1 only.
-    for n in range(1, T + U):
-        t = n - u
-        ok = (t >= 0) & (t < T)
-        tc = t.clamp(0, T - 1)
-        tp = (t - 1).clamp(0, T - 1)
-        um = (u - 1).clamp(min=0)
-        from_blank = torch.where(ok & (t >= 1), delta[:, tp, u] + blank_lp[:, tp, u], NEG_INF)
-        from_emit = torch.where(ok & (u >= 1), delta[:, tc, um] + emit_pad[:, tc, um], NEG_INF)
-        win = from_emit > from_blank
-        new = torch.where(win, from_emit, from_blank)
-        delta[:, tc[ok], u[ok]] = new[:, ok]
-        emit_wins[:, tc[ok], u[ok]] = win[:, ok]
-
-    Tb, Ub = logit_lengths.tolist(), target_lengths.tolist()
-    wins = emit_wins.cpu()
-    for b in range(B):
-        if Tb[b] == 0:
-            continue
-        score = delta[b, Tb[b] - 1, Ub[b]] + blank_lp[b, Tb[b] - 1, Ub[b]]
-        scores[b] = score
-        if not bool(score > NEG_INF):
-            continue
-        t, k = Tb[b] - 1, Ub[b]
-        out = [0] * Ub[b]
-        while k > 0 and t >= 0:
-            if wins[b, t, k]:
-                out[k - 1] = t
-                k -= 1
-            else:
-                t -= 1
-        frames[b, : Ub[b]] = torch.tensor(out, dtype=torch.int64)
-    return frames, scores

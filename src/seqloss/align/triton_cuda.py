@@ -1,6 +1,6 @@
-"""Viterbi forced alignment (CTC, RNN-T) with Triton: CUDA, or CPU under TRITON_INTERPRET=1.
+"""CTC Viterbi forced alignment with Triton: CUDA, or CPU under TRITON_INTERPRET=1.
 
-Two launches per family, both one program per sequence: the forward max
+Two launches, one program per sequence: the forward max
 recursion, which stores int8 backpointers, then the backtrack, a scalar loop
 of ``O(T + U)`` steps. The arithmetic (one addition per arc, exact
 comparisons, float32 or float64) is the reference backend's, so the results
@@ -110,86 +110,6 @@ def ctc_align_backtrack_kernel(
         s = s - step.to(tl.int64)
 
 
-@triton.jit
-def rnnt_align_forward_kernel(
-    blank_ptr, emit_ptr, ll_ptr, tl_ptr, scratch_ptr, choice_ptr, scores_ptr,
-    stride_bb, stride_bt, stride_bu, stride_eb, stride_et, stride_eu,
-    B, T, U1,
-    BLOCK_U: tl.constexpr,
-):
-    """Program ``i_b``: the lattice max recursion of sequence ``i_b``, by anti-diagonals.
-
-    Lane ``u`` holds node ``(n - u, u)`` of diagonal ``n``; both predecessors lie
-    on diagonal ``n - 1`` (lanes ``u`` and ``u - 1``).
-
-    Updates:
-        choice (B, T, U+1) int8: 1 where the emission arc wins, for the nodes of the lattice.
-        scores (B,): ``delta[T_b-1, U_b] + blank[T_b-1, U_b]`` (sequences with ``T_b > 0``).
-    """
-    i_b = tl.program_id(0).to(tl.int64)
-    T_b = tl.load(ll_ptr + i_b)
-    U_b = tl.load(tl_ptr + i_b)
-    acc = scratch_ptr.dtype.element_ty
-    o_u = tl.arange(0, BLOCK_U)
-    m_u = o_u <= U_b
-    b_delta = tl.where(o_u == 0, 0.0, float("-inf")).to(acc)
-    for n in range(1, T_b + U_b):
-        p_row = scratch_ptr + (((n - 1) % 2) * B + i_b) * BLOCK_U
-        tl.store(p_row + o_u, b_delta)
-        tl.debug_barrier()
-        t = n - o_u
-        ok = m_u & (t >= 0) & (t < T_b)
-        m_blank = ok & (t >= 1)
-        m_emit = ok & (o_u >= 1)
-        b_left = tl.load(p_row + o_u - 1, mask=m_emit, other=float("-inf"))
-        b_pb = tl.load(blank_ptr + i_b * stride_bb + (t - 1) * stride_bt + o_u * stride_bu,
-                       mask=m_blank, other=float("-inf")).to(acc)
-        b_pe = tl.load(emit_ptr + i_b * stride_eb + t * stride_et + (o_u - 1) * stride_eu,
-                       mask=m_emit, other=float("-inf")).to(acc)
-        from_blank = tl.where(m_blank, b_delta + b_pb, float("-inf"))
-        from_emit = tl.where(m_emit, b_left + b_pe, float("-inf"))
-        # Ties go to the blank arc.
-        win = from_emit > from_blank
-        b_delta = tl.where(ok, tl.where(win, from_emit, from_blank), float("-inf"))
-        tl.store(choice_ptr + (i_b * T + t) * U1 + o_u, win.to(tl.int8), mask=ok)
-    if T_b > 0:
-        # Exactly one lane is kept; the others add zeros.
-        final = tl.sum(tl.where(o_u == U_b, b_delta, 0.0), axis=0)
-        last = tl.load(blank_ptr + i_b * stride_bb + (T_b - 1) * stride_bt + U_b * stride_bu).to(acc)
-        tl.store(scores_ptr + i_b, final + last)
-
-
-@triton.jit
-def rnnt_align_backtrack_kernel(
-    ll_ptr, tl_ptr, choice_ptr, scores_ptr, frames_ptr,
-    T, U1, U,
-):
-    """Program ``i_b``: walk back from ``(T_b - 1, U_b)`` to the first row.
-
-    Updates:
-        frames (B, U): emission frame of each token (found paths only).
-    """
-    i_b = tl.program_id(0).to(tl.int64)
-    T_b = tl.load(ll_ptr + i_b)
-    U_b = tl.load(tl_ptr + i_b)
-    score = tl.load(scores_ptr + i_b)
-    found = (T_b > 0) & (score > float("-inf"))
-    t = T_b - 1
-    u = U_b
-    # The frame is stored through a two-lane block whose second lane is always
-    # masked off: triton <= 3.2 tests a mask with ``if not mask`` and so, under the
-    # interpreter, stores unmasked whenever a scalar (or one-lane) mask is False,
-    # here at ``frames[b, -1]`` once ``u`` reaches 0.
-    o_2 = tl.arange(0, 2)
-    for _ in range(0, T_b + U_b):
-        active = found & (u > 0) & (t >= 0)
-        b_w = tl.load(choice_ptr + (i_b * T + t) * U1 + u, mask=active, other=0)
-        w = b_w != 0
-        tl.store(frames_ptr + i_b * U + u - 1 + o_2, t, mask=o_2 < tl.where(active & w, 1, 0))
-        u = tl.where(active & w, u - 1, u)
-        t = tl.where(active & (b_w == 0), t - 1, t)  # not ``~w``: see ``take1`` above
-
-
 def _device_guard(x: torch.Tensor):  # noqa: ANN202
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
@@ -235,36 +155,3 @@ def ctc_align_forward(
             BLOCK_K=BLOCK_K, num_warps=1,
         )
     return labels, scores
-
-
-def rnnt_align_forward(
-    blank_lp: torch.Tensor,
-    emit_lp: torch.Tensor,
-    logit_lengths: torch.Tensor,
-    target_lengths: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as :func:`seqloss.align.reference.rnnt_align_forward`."""
-    B, T, U1 = blank_lp.shape
-    U = U1 - 1
-    device = blank_lp.device
-    frames = torch.full((B, U), -1, dtype=torch.int64, device=device)
-    scores = torch.full((B,), float("-inf"), dtype=blank_lp.dtype, device=device)
-    if T == 0 or B == 0:
-        return frames, scores
-    if U == 0:  # a zero-size axis has no usable strides; nothing is ever loaded from it
-        emit_lp = blank_lp
-    BLOCK_U = triton.next_power_of_2(U1)
-    flen = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
-    tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
-    scratch = torch.empty((2, B, BLOCK_U), dtype=blank_lp.dtype, device=device)
-    choice = torch.empty((B, T, U1), dtype=torch.int8, device=device)
-    with _device_guard(blank_lp):
-        rnnt_align_forward_kernel[(B,)](
-            blank_lp, emit_lp, flen, tlen, scratch, choice, scores,
-            *blank_lp.stride(), *emit_lp.stride(), B, T, U1,
-            BLOCK_U=BLOCK_U, num_warps=_warps(BLOCK_U),
-        )
-        rnnt_align_backtrack_kernel[(B,)](
-            flen, tlen, choice, scores, frames, T, U1, max(U, 1), num_warps=1,
-        )
-    return frames, scores

@@ -16,6 +16,21 @@ from .joint.table import multiblank_table
 from .op import table_loss_impl, table_loss_op
 
 
+def check_big_blanks(big_blank_durations: object, blank: int, V: int) -> tuple[int, ...]:
+    """The big blanks' durations checked (each ``> 1``, distinct, classes below ``blank``,
+    the standard blank resolved to ``[0, V)``)."""
+    durs = check_durations(big_blank_durations, "big_blank_durations")
+    for i, d in enumerate(durs):
+        if d <= 1:
+            raise InputError(f"big_blank_durations[{i}] = {d} is invalid: a big blank advances "
+                             f"more than one frame (duration > 1; the standard blank is the 1)")
+    if len(durs) > blank:
+        raise InputError(
+            f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
+            f"blank - 1 - i, so at most blank = {blank} of them (logits.size(-1) = {V})")
+    return durs
+
+
 def multiblank_rnnt_loss(
     logits: Tensor,
     targets: Tensor,
@@ -36,16 +51,7 @@ def multiblank_rnnt_loss(
                                           packed=False)
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     validate = checks.flag(validate, "validate")
-    durs = check_durations(big_blank_durations, "big_blank_durations")
-    for i, d in enumerate(durs):
-        if d <= 1:
-            raise InputError(f"big_blank_durations[{i}] = {d} is invalid: a big blank advances "
-                             f"more than one frame (duration > 1; the standard blank is the 1)")
-    if len(durs) > blank:
-        raise InputError(
-            f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
-            f"blank - 1 - i, so at most blank = {blank} of them (logits.size(-1) = "
-            f"{logits.shape[-1]})")
+    durs = check_big_blanks(big_blank_durations, blank, logits.shape[-1])
     checks.check_reduction(reduction, transducer=True)
     clamp = checks.check_float_arg(clamp, "clamp")
     sigma = checks.check_float_arg(sigma, "sigma")

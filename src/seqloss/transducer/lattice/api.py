@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ..._core import checks as _validate
-from ..._core.dispatch import resolve_backend
+from ..._core.dispatch import kernel_module, resolve_backend
 from ..._core.errors import InputError, InputTypeError
 from ..._core.types import IntsLike
 from .fast import lattice_fast
@@ -121,3 +121,27 @@ def transducer_lattice(
     ll, _, _ = call_lattice(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end, name,
                             compute_grad, validate)
     return ll
+
+
+def lattice_viterbi(
+    arc_blank: Tensor,
+    arc_emit: Tensor,
+    logit_lengths: Tensor,
+    target_lengths: Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    emit_can_end: bool,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The lattice in the max-plus semiring: ``(score (B,) float64, frames (B, U), emit_arcs
+    (B, U))`` of the best paths (``transducer_viterbi`` of ``reference.py``).
+
+    Arcs float32 or float64 (float64 accumulation), lengths ``(B,)`` int64 on the arcs'
+    device, validated by the caller; ``backend`` a concrete name. Not differentiable.
+    """
+    if backend == "triton":  # Triton's max-plus kernels live beside its log-semiring ones
+        from .triton_viterbi import transducer_viterbi
+    else:
+        transducer_viterbi = kernel_module("lattice", backend).transducer_viterbi
+    return transducer_viterbi(arc_blank, arc_emit, logit_lengths, target_lengths,
+                              tuple(blank_durations), tuple(emit_durations), bool(emit_can_end))

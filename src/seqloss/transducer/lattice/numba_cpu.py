@@ -16,6 +16,7 @@ from numba.extending import overload
 
 from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
+from .reference import viterbi_order
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -337,3 +338,85 @@ def transducer_lattice(
                  range(B), order=Tl * (Ul + 1))
     return ll_out, occ_b, occ_e
 
+
+
+# --------------------------------------------------------------------------- max-plus
+@njit(cache=True, nogil=True)
+def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, kind, idx, dur, ce, score, frames, arcs, b):  # noqa: ANN001, ANN201
+    """Sequence ``b``: the max-plus recursion with back-pointers, then the backtrack.
+
+    Candidates in the tie-break order of ``reference.viterbi_order`` (``kind`` 1 for an
+    emission, ``idx`` the arc's index, ``dur`` its duration); a later one wins only when
+    strictly greater, so -inf and NaN never win. Row order: every arc into ``(t, u)``
+    leaves a state of an earlier row, or of the same row at ``u - 1``.
+
+    Updates: ``score[b]``, ``frames[b, :U_b]``, ``arcs[b, :U_b]`` (prefilled -inf, -1).
+    """
+    Tb, Ub = Tl[b], Ul[b]
+    if Tb == 0:
+        return
+    K = kind.shape[0]
+    delta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
+    bp = np.empty((Tb + 1, Ub + 1), dtype=np.int64)
+    delta[0, 0] = 0.0
+    bp[0, 0] = -1
+    for t in range(Tb + 1):
+        for u in range(1 if t == 0 else 0, Ub + 1):
+            best = NEG_INF
+            arg = -1
+            for k in range(K):
+                ts = t - dur[k]
+                if ts < 0:
+                    continue
+                if kind[k] == 0:
+                    v = delta[ts, u] + np.float64(arc_blank[b, ts, u, idx[k]])
+                else:
+                    if u == 0 or ts >= Tb or t >= Tb + ce:
+                        continue
+                    v = delta[ts, u - 1] + np.float64(arc_emit[b, ts, u - 1, idx[k]])
+                if v > best:
+                    best = v
+                    arg = k
+            delta[t, u] = best
+            bp[t, u] = arg
+    score[b] = delta[Tb, Ub]
+    if not delta[Tb, Ub] > NEG_INF:
+        return
+    t, u = Tb, Ub
+    while bp[t, u] >= 0:
+        k = bp[t, u]
+        t -= dur[k]
+        if kind[k] == 1:
+            u -= 1
+            frames[b, u] = t
+            arcs[b, u] = idx[k]
+
+
+def transducer_viterbi(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    emit_can_end: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """See ``seqloss.transducer.lattice.reference.transducer_viterbi``."""
+    B, T, U1, _ = arc_blank.shape
+    score = torch.full((B,), NEG_INF, dtype=torch.float64)
+    frames = torch.full((B, U1 - 1), -1, dtype=torch.int64)
+    arcs = torch.full((B, U1 - 1), -1, dtype=torch.int64)
+    if T == 0 or B == 0:
+        return score, frames, arcs
+    order = viterbi_order(blank_durations, emit_durations)
+    kind, idx, dur = (own_lines(np.asarray(c, dtype=np.int64)) for c in zip(*order, strict=True))
+    Tl = own_lines(logit_lengths.cpu().numpy().astype(np.int64))
+    Ul = own_lines(target_lengths.cpu().numpy().astype(np.int64))
+    # Numba cannot view a zero-size axis reliably; with U = 0 nothing is written to these.
+    fr = frames if U1 > 1 else frames.new_full((B, 1), -1)
+    ar = arcs if U1 > 1 else arcs.new_full((B, 1), -1)
+    run_jobs(viterbi_kernel,
+             (arc_blank.contiguous().numpy(), arc_emit.contiguous().numpy(), Tl, Ul, kind, idx,
+              dur, int(bool(emit_can_end)), score.numpy(), fr.numpy(), ar.numpy()),
+             range(B), order=Tl * (Ul + 1))
+    return score, frames, arcs

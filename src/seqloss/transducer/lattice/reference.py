@@ -48,6 +48,31 @@ duration log-probabilities to the arc scores; the pruned RNN-T scatters its
 ``(B, T, s_range)`` window (first ``u`` of frame ``t`` at ``ranges[b, t, 0]``) into
 the ``(B, T, U+1)`` arc grids with ``-inf`` outside, and gathers occupations back.
 
+The max-plus semiring (Viterbi)
+-------------------------------
+The same lattice with ``max`` for ``logsumexp`` gives the best path instead of the sum
+over paths (the alignments of ``seqloss.align``). Every backend also exposes::
+
+    transducer_viterbi(arc_blank, arc_emit, logit_lengths, target_lengths,
+                       blank_durations, emit_durations, emit_can_end=False)
+        -> (score (B,) float64, frames (B, U) int64, emit_arcs (B, U) int64)
+
+``delta(t, u) = max`` over the same incoming arcs of ``delta(source) + arc``, in float64
+(one addition per arc, exact maxima, so every backend gives the same bits), with an
+argmax back-pointer per state; ``score = delta(T_b, U_b)``. Following the
+back-pointers from ``(T_b, U_b)`` gives, for token ``u`` (``u < U_b``), the frame
+its emission arc leaves (``frames``) and which emission arc it is (``emit_arcs``, an
+index into ``emit_durations``); ``-1`` past ``U_b`` and for a sequence with no path
+(``score = -inf``, and whenever ``T_b = 0``).
+
+Ties (``viterbi_order``): the candidates of a state are ranked by the frame they
+leave, earliest first (longest duration first), and at the same frame a blank-like
+arc before an emission; a later candidate wins only when strictly greater. Read
+backwards from the end, the path taken is, among the best ones, the one whose states
+``(t, u)`` come earliest in ``t`` (then latest in ``u``) at the first place two best
+paths differ. For RNN-T that is "the blank wins ties": each token is emitted at the
+earliest frame a best path allows.
+
 Conventions shared by every backend
 -----------------------------------
 * Arc tensors are ``(B, T, U+1, D)`` (``D`` arcs of the kind per state), float32
@@ -213,3 +238,93 @@ def transducer_lattice(
         ok = src_ok & (uu < Ub[:, :, None]) & lands
         occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
     return ll, occ_blank, occ_emit
+
+
+def viterbi_order(blank_durations: tuple[int, ...],
+                  emit_durations: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The tie-break rank of a state's incoming arcs, as ``(is_emission, index, duration)``:
+    the earliest source frame first (the longest duration), a blank-like arc before an
+    emission leaving the same frame, then by index. Shared by every backend."""
+    arcs = [(0, i, int(d)) for i, d in enumerate(blank_durations)]
+    arcs += [(1, j, int(d)) for j, d in enumerate(emit_durations)]
+    return sorted(arcs, key=lambda a: (-a[2], a[0], a[1]))
+
+
+def transducer_viterbi(
+    arc_blank: torch.Tensor,
+    arc_emit: torch.Tensor,
+    logit_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank_durations: tuple[int, ...],
+    emit_durations: tuple[int, ...],
+    emit_can_end: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best path through the lattice (the max-plus semiring; module docstring).
+
+    Arguments as ``transducer_lattice``'s. Returns ``(score (B,) float64, frames (B, U)
+    int64, emit_arcs (B, U) int64)``. One vectorized step per anti-diagonal (batch and
+    the diagonal's states at once), then a backtrack vectorized over the batch.
+    """
+    B, T, U1, _ = arc_blank.shape
+    U = U1 - 1
+    device = arc_blank.device
+    f64 = torch.float64
+    score = torch.full((B,), NEG_INF, dtype=f64, device=device)
+    frames = torch.full((B, U), -1, dtype=torch.int64, device=device)
+    arcs = torch.full((B, U), -1, dtype=torch.int64, device=device)
+    if T == 0 or B == 0:
+        return score, frames, arcs
+    Tb = logit_lengths.to(device)[:, None]
+    Ub = target_lengths.to(device)[:, None]
+    delta = torch.full((B, T + 1, U1), NEG_INF, dtype=f64, device=device)
+    delta[:, 0, 0] = 0.0
+    # The back-pointer: the arc's code, i (blank-like) or Db + j (emission); -1: none.
+    Db = len(blank_durations)
+    bp = torch.full((B, T + 1, U1), -1, dtype=torch.int64, device=device)
+    order = viterbi_order(blank_durations, emit_durations)
+    for n in range(1, T + U1):
+        u = torch.arange(max(0, n - T), min(n, U) + 1, device=device)
+        t = n - u
+        best = torch.full((B, u.numel()), NEG_INF, dtype=f64, device=device)
+        arg = torch.full((B, u.numel()), -1, dtype=torch.int64, device=device)
+        for is_emit, k, d in order:
+            ts, us = t - d, u - is_emit
+            if is_emit:
+                dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
+                x = arc_emit[..., k]
+            else:
+                dst_ok = t[None] <= Tb
+                x = arc_blank[..., k]
+            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
+            tsc, usc = ts.clamp(0, T - 1), us.clamp(min=0)
+            v = delta[:, tsc, usc] + x[:, tsc, usc].to(f64)
+            # Strictly greater: an earlier candidate in the order keeps a tie (and -inf
+            # or NaN never wins).
+            take = ok & (v > best)
+            best = torch.where(take, v, best)
+            arg = torch.where(take, k + Db * is_emit, arg)
+        delta[:, t, u] = best
+        bp[:, t, u] = arg
+
+    b1 = torch.arange(B, device=device)
+    Tl, Ul = logit_lengths.to(device), target_lengths.to(device)
+    score = torch.where(Tl > 0, delta[b1, Tl, Ul], NEG_INF)
+    if U == 0:
+        return score, frames, arcs
+    bd = torch.tensor([0, *blank_durations], dtype=torch.int64, device=device)
+    ed = torch.tensor(emit_durations, dtype=torch.int64, device=device)
+    t, u = Tl.clone(), Ul.clone()
+    live = score > NEG_INF
+    for _ in range(T + U):
+        code = torch.where(live, bp[b1, t, u], -1)
+        live = code >= 0
+        if not bool(live.any()):
+            break
+        emit = live & (code >= Db)
+        j = (code - Db).clamp(min=0)
+        t = t - torch.where(emit, ed[j], bd[(code + 1).clamp(max=Db)])
+        u = u - emit.long()
+        col = u.clamp(0, U - 1)
+        frames[b1, col] = torch.where(emit, t, frames[b1, col])
+        arcs[b1, col] = torch.where(emit, j, arcs[b1, col])
+    return score, frames, arcs
