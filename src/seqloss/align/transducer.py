@@ -330,8 +330,9 @@ tdt_align.__doc__ = r"""Batched Token-and-Duration Transducer forced alignment (
         ``(frames, durations, scores)``: ``frames (B, S)`` int64, the frame at which
         each token is emitted on the best path; ``durations (B, S)`` int64, the
         duration taken with it (the frames the path advances after emitting it); both
-        ``-1`` past ``target_lengths[b]``; ``scores (B,)``, the path's log-probability
-        (token and duration log-probabilities summed).
+        ``-1`` past ``target_lengths[b]`` (and wherever the cases below give frames
+        ``-1``); ``scores (B,)``, the path's log-probability (token and duration
+        log-probabilities summed).
 
     The lattice of :func:`seqloss.tdt_loss` (``sigma = 0``): from ``(t, u)`` a blank
     with duration ``d >= 1`` goes to ``(t + d, u)`` (when ``t + d <= T_b``), the label
