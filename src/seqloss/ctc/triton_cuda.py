@@ -64,7 +64,7 @@ def ctc_normalizer_kernel(
     """
     ACC = tl.float64 if FP64 else tl.float32
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_r = i_r < T * B
+    m_r = i_r < tl.cast(T, tl.int64) * B  # 64-bit: T B may pass 2**31
     i_t = i_r // B
     i_b = i_r % B
     b_len = tl.load(il_ptr + i_b, mask=m_r, other=0)
@@ -139,7 +139,8 @@ def ctc_alpha_kernel(
     m_skip = m_lab & (o_s >= 3) & (b_ext != blank) & (b_ext != b_prev)
     p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
     p_lse = lse_ptr + i_b
-    BK = B * K
+    # 64-bit: T B K (the alpha rows) may pass 2**31 elements.
+    BK = tl.cast(B, tl.int64) * K
     p_a = alpha_ptr + i_b * K + o_s
     p_a1 = p_a - 1
     p_a2 = p_a - 2
@@ -217,7 +218,7 @@ def ctc_softmax_grad_kernel(
     """
     ACC = tl.float64 if FP64 else tl.float32
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_r = i_r < T * B
+    m_r = i_r < tl.cast(T, tl.int64) * B  # 64-bit: T B may pass 2**31
     i_t = i_r // B
     i_b = i_r % B
     b_len = tl.load(il_ptr + i_b, mask=m_r, other=0)
@@ -298,7 +299,7 @@ def ctc_beta_kernel(
     p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
     p_lse = lse_ptr + i_b
     p_g = grad_ptr + i_b * stride_gb + b_ext.to(tl.int64) * stride_gc
-    BK = B * K
+    BK = tl.cast(B, tl.int64) * K  # 64-bit, as in ctc_alpha_kernel
     p_al = alpha_ptr + i_b * K + o_s
 
     # Class groups: count > 0 marks the first occurrence of a label (the group's size).
@@ -317,7 +318,7 @@ def ctc_beta_kernel(
     p_scr1 = p_scr + 1
     p_scr2 = p_scr + 2
     m_s1 = o_s + 1 < K_b
-    K2 = 2 * K
+    K2 = 2 * tl.cast(K, tl.int64)
     # A virtual frame T_b whose only finite state is the last one (bn = 0) makes
     # the recursion itself give beta'[T_b - 1] = 0 on the two final states and
     # -inf elsewhere (the blank before the last label cannot reach it).
@@ -366,7 +367,7 @@ def ctc_beta_kernel(
         for j in range(1, b_mult):
             m_j = j < b_count
             i_other = tl.load(p_perm + j, mask=m_j, other=0)
-            b_occ += tl.load(p_scr_lab + (slot + 2 * i_other), mask=m_j, other=0.0)
+            b_occ += tl.load(p_scr_lab + (slot + 2 * i_other.to(tl.int64)), mask=m_j, other=0.0)
         b_occ = tl.where(m_lane0, tl.reduce(tl.where(m_blank, b_gamma, 0.0), 0, _ADD), b_occ)
         if FUSED:
             b_g = tl.exp(b_e) - b_occ

@@ -31,6 +31,18 @@ from .._core import triton_compat  # noqa: F401  (the interpreter fixes, before 
 
 
 @triton.jit
+def _batch_and_tile(n_tiles):
+    """``(batch index, tile index)`` of this program, in 64 bits.
+
+    One grid axis for both: CUDA's ``y`` axis stops at 65,535 and a leading batch of
+    ``logmmexp`` may be larger (``x`` takes ``2**31 - 1``). 64-bit, so that every offset
+    formed from them is too (a ``(B, M, K)`` operand may pass ``2**31`` elements).
+    """
+    pid = tl.program_id(0).to(tl.int64)
+    return pid // n_tiles, pid % n_tiles
+
+
+@triton.jit
 def _finite_or_zero(x):
     return tl.where((x > float("-inf")) & (x < float("inf")), x, 0.0)
 
@@ -41,22 +53,21 @@ def logmm_forward_kernel(
     M, K, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    n_tiles_n,
+    n_tiles_n, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program ``(tile, i_b)``: ``out[i_b]`` on one ``(BLOCK_M, BLOCK_N)`` tile.
+    """Program ``i_b * n_tiles + tile``: ``out[i_b]`` on one ``(BLOCK_M, BLOCK_N)`` tile.
 
     Updates:
         out (B, M, N), contiguous: ``logsumexp_k(a[i_b, i, k] + b[i_b, k, j])``.
     """
-    i_t = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    i_b, i_t = _batch_and_tile(n_tiles)
     i_m = i_t // n_tiles_n
     i_n = i_t % n_tiles_n
     acc = out_ptr.dtype.element_ty
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_k = tl.arange(0, BLOCK_K)
+    o_k = tl.arange(0, BLOCK_K).to(tl.int64)  # k0 + o_k: 64-bit offsets
     m_m = o_m < M
     m_n = o_n < N
     p_a = a_ptr + i_b * stride_ab + o_m[:, None] * stride_am
@@ -93,22 +104,21 @@ def logmm_backward_a_kernel(
     M, K, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    n_tiles_k,
+    n_tiles_k, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program ``(tile, i_b)``: ``grad_a[i_b]`` on one ``(BLOCK_M, BLOCK_K)`` tile.
+    """Program ``i_b * n_tiles + tile``: ``grad_a[i_b]`` on one ``(BLOCK_M, BLOCK_K)`` tile.
 
     Updates:
         ga (B, M, K), contiguous: ``sum_j g[i, j] exp(a[i, k] + b[k, j] - out[i, j])``.
     """
-    i_t = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    i_b, i_t = _batch_and_tile(n_tiles)
     i_m = i_t // n_tiles_k
     i_k = i_t % n_tiles_k
     acc = ga_ptr.dtype.element_ty
     o_m = i_m * BLOCK_M + tl.arange(0, BLOCK_M)
     o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    o_n = tl.arange(0, BLOCK_N)
+    o_n = tl.arange(0, BLOCK_N).to(tl.int64)  # n0 + o_n: 64-bit offsets
     m_m = o_m < M
     m_k = o_k < K
     b_a = tl.load(a_ptr + i_b * stride_ab + o_m[:, None] * stride_am + o_k[None, :] * stride_ak,
@@ -138,22 +148,21 @@ def logmm_backward_b_kernel(
     M, K, N,
     stride_ab, stride_am, stride_ak,
     stride_bb, stride_bk, stride_bn,
-    n_tiles_n,
+    n_tiles_n, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program ``(tile, i_b)``: ``grad_b[i_b]`` on one ``(BLOCK_K, BLOCK_N)`` tile.
+    """Program ``i_b * n_tiles + tile``: ``grad_b[i_b]`` on one ``(BLOCK_K, BLOCK_N)`` tile.
 
     Updates:
         gb (B, K, N), contiguous: ``sum_i g[i, j] exp(a[i, k] + b[k, j] - out[i, j])``.
     """
-    i_t = tl.program_id(0)
-    i_b = tl.program_id(1).to(tl.int64)
+    i_b, i_t = _batch_and_tile(n_tiles)
     i_k = i_t // n_tiles_n
     i_n = i_t % n_tiles_n
     acc = gb_ptr.dtype.element_ty
     o_k = i_k * BLOCK_K + tl.arange(0, BLOCK_K)
     o_n = i_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_m = tl.arange(0, BLOCK_M)
+    o_m = tl.arange(0, BLOCK_M).to(tl.int64)  # m0 + o_m: 64-bit offsets
     m_k = o_k < K
     m_n = o_n < N
     b_bk = tl.load(b_ptr + i_b * stride_bb + o_k[:, None] * stride_bk + o_n[None, :] * stride_bn,
@@ -200,8 +209,9 @@ def logmmexp_forward(a: torch.Tensor, b: torch.Tensor,
     BM, BK, BN, warps = _blocks(a.dtype)
     tiles_n = triton.cdiv(N, BN)
     with _device_guard(a):
-        logmm_forward_kernel[(triton.cdiv(M, BM) * tiles_n, B)](
-            a, b, out, M, K, N, *a.stride(), *b.stride(), tiles_n,
+        tiles = triton.cdiv(M, BM) * tiles_n
+        logmm_forward_kernel[(tiles * B,)](
+            a, b, out, M, K, N, *a.stride(), *b.stride(), tiles_n, tiles,
             BLOCK_M=BM, BLOCK_K=BK, BLOCK_N=BN, num_warps=warps,
         )
     return out, []
@@ -223,14 +233,16 @@ def logmmexp_backward(
     with _device_guard(a):
         if need_a:
             tiles_k = triton.cdiv(K, BK)
-            logmm_backward_a_kernel[(triton.cdiv(M, BM) * tiles_k, B)](
-                g, a, b, out, ga, M, K, N, *a.stride(), *b.stride(), tiles_k,
+            tiles = triton.cdiv(M, BM) * tiles_k
+            logmm_backward_a_kernel[(tiles * B,)](
+                g, a, b, out, ga, M, K, N, *a.stride(), *b.stride(), tiles_k, tiles,
                 BLOCK_M=BM, BLOCK_K=BK, BLOCK_N=BN, num_warps=warps,
             )
         if need_b:
             tiles_n = triton.cdiv(N, BN)
-            logmm_backward_b_kernel[(triton.cdiv(K, BK) * tiles_n, B)](
-                g, a, b, out, gb, M, K, N, *a.stride(), *b.stride(), tiles_n,
+            tiles = triton.cdiv(K, BK) * tiles_n
+            logmm_backward_b_kernel[(tiles * B,)](
+                g, a, b, out, gb, M, K, N, *a.stride(), *b.stride(), tiles_n, tiles,
                 BLOCK_M=BM, BLOCK_K=BK, BLOCK_N=BN, num_warps=warps,
             )
     return ga, gb

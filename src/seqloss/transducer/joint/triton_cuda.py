@@ -168,7 +168,7 @@ def joint_normalizer_kernel(
         p_x = x_ptr + i_r * sx_b
         p_xd = xd_ptr + i_r * sxd_b
     else:
-        i_b = i_r // (T * U1)
+        i_b = i_r // (tl.cast(T, tl.int64) * U1)  # 64-bit: T (U+1) may wrap in 32
         i_t = (i_r // U1) % T
         i_u = i_r % U1
         T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
@@ -309,7 +309,7 @@ def joint_grad_kernel(
         p_xd = xd_ptr + i_r * sxd_b
         p_gd = gd_ptr + i_r * sgd_b
     else:
-        i_b = i_r // (T * U1)
+        i_b = i_r // (tl.cast(T, tl.int64) * U1)  # 64-bit: T (U+1) may wrap in 32
         i_t = (i_r // U1) % T
         i_u = i_r % U1
         T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)

@@ -235,18 +235,19 @@ def transducer_alpha_beta_kernel(
     T_b = tl.load(il_ptr + i_b)
     U_b = tl.load(tl_ptr + i_b)
     o_u = tl.arange(0, BLOCK_U)
+    o_u64 = o_u.to(tl.int64)  # for the strides: a non-contiguous arc tensor's may be large
     if PACKED:
         U1_s = U_b + 1  # the sequence's own row length
         o_row = tl.load(off_ptr + i_b)
-        p_ab = ab_ptr + o_row * s_ab_b + o_u * s_ab_u
-        p_ae = ae_ptr + o_row * s_ae_b + o_u * s_ae_u
+        p_ab = ab_ptr + o_row * s_ab_b + o_u64 * s_ab_u
+        p_ae = ae_ptr + o_row * s_ae_b + o_u64 * s_ae_u
         s_ab_ts = U1_s * s_ab_b
         s_ae_ts = U1_s * s_ae_b
         o_seq = tl.load(soff_ptr + i_b)
     else:
         U1_s = U1
-        p_ab = ab_ptr + i_b * s_ab_b + o_u * s_ab_u
-        p_ae = ae_ptr + i_b * s_ae_b + o_u * s_ae_u
+        p_ab = ab_ptr + i_b * s_ab_b + o_u64 * s_ab_u
+        p_ae = ae_ptr + i_b * s_ae_b + o_u64 * s_ae_u
         s_ab_ts = s_ab_t
         s_ae_ts = s_ae_t
         o_seq = i_b * (T + 1) * U1
@@ -280,8 +281,9 @@ def transducer_occupation_kernel(
     """
     ACC = tl.float64
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    m_r = i_r < B * T * U1
-    i_b = i_r // (T * U1)
+    TU1 = tl.cast(T, tl.int64) * U1  # 64-bit: B T (U+1) states may pass 2**31
+    m_r = i_r < B * TU1
+    i_b = i_r // TU1
     i_t = (i_r // U1) % T
     i_u = i_r % U1
     T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
