@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import device_for
 
 from seqloss.testing.precision import (
     CASES,
@@ -62,7 +63,8 @@ def test_half_gradient_within_its_own_rounding(case, dtype):
 def test_lattice_float32_on_every_backend(backend, kind):
     """The reference and the Triton kernels (interpreted here: smaller sizes) too."""
     T, U = (300, 50) if backend == "triton" else (1000, 100)
-    fn, inputs = (lattice_rnnt_case(T, U, backend) if kind == "rnnt"
-                  else lattice_many_case(T, U, backend))
+    dev = device_for(backend)
+    fn, inputs = (lattice_rnnt_case(T, U, backend, dev) if kind == "rnnt"
+                  else lattice_many_case(T, U, backend, dev))
     err = _error(fn, inputs, torch.float32)
     assert err <= F32_TOL, f"{backend} {kind}: float32 gradient {err:.3g} from float64"

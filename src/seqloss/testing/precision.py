@@ -54,23 +54,23 @@ def _g(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def lattice_rnnt_case(T: int, U: int = 100, backend: str = "numba"):
+def lattice_rnnt_case(T: int, U: int = 100, backend: str = "numba", device: str = "cpu"):
     # The reproducer: one score per frame, blank vs emission.
     z = torch.randn(1, T, U + 1, generator=_g(T), dtype=torch.float64)
 
     def fn(ab, ae):
         return seqloss.transducer_lattice(ab, ae, [T], [U], backend=backend)
 
-    return fn, [F.logsigmoid(z)[..., None], F.logsigmoid(-z)[..., None]]
+    return fn, [F.logsigmoid(z)[..., None].to(device), F.logsigmoid(-z)[..., None].to(device)]
 
 
-def lattice_many_case(T: int = 1000, U: int = 100, backend: str = "numba"):
+def lattice_many_case(T: int = 1000, U: int = 100, backend: str = "numba", device: str = "cpu"):
     lp = torch.randn(1, T, U + 1, 4, generator=_g(1), dtype=torch.float64).log_softmax(-1)
 
     def fn(ab, ae):
         return seqloss.transducer_lattice(ab, ae, [T], [U], (1, 2), (0, 1), backend=backend)
 
-    return fn, [lp[..., :2].contiguous(), lp[..., 2:].contiguous()]
+    return fn, [lp[..., :2].contiguous().to(device), lp[..., 2:].contiguous().to(device)]
 
 
 def _ctc(T: int = 5000, S: int = 1000, C: int = 32):
