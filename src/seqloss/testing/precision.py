@@ -211,12 +211,27 @@ class _Joint(torch.nn.Module):
         return F.linear(torch.tanh(enc[:, :, None] + pred[:, None]), self.w, self.b)
 
 
+def scaled(case, scale: float):
+    """``case`` with its floating inputs times ``scale``: the peaked logits of a trained
+    model, whose log-probs (down to ``-2 scale``) float32 scores can hold only to
+    ``eps |score|``."""
+
+    def make():
+        fn, inputs = case()
+        return fn, [x * scale if x.is_floating_point() else x for x in inputs]
+
+    return make
+
+
 CASES = {
     "ctc_loss": _ctc,
     "rnnt_loss": _rnnt,
     "rnnt_loss_packed": _rnnt_packed,
     "multiblank_rnnt_loss": _multiblank,
     "tdt_loss": _tdt,
+    "rnnt_loss[scale=30]": scaled(_rnnt, 30),
+    "multiblank_rnnt_loss[scale=100]": scaled(_multiblank, 100),
+    "tdt_loss[scale=30]": scaled(_tdt, 30),
     "transducer_lattice[T=1000]": lambda: lattice_rnnt_case(1000),
     "transducer_lattice[T=4000]": lambda: lattice_rnnt_case(4000),
     "transducer_lattice[many-arc]": lattice_many_case,

@@ -121,16 +121,17 @@ def _flush(v, tiny):  # noqa: ANN001, ANN202
 def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
     """Duration log-probs of one sequence's rows: ``sd[t, u] = log_softmax(xd[t, u])``
     (``xd`` as given if not ``fused``); guarded (a row of ``-inf`` stays ``-inf``). The
-    exps in ``sd``'s dtype (float32 for float32 input), the sum and the log in float64.
+    exps in ``xd``'s dtype (float32 for float32 input), the sum, the log and ``sd``
+    in float64.
 
     Returns: whether a row holds NaN or ``+inf`` (the sequence's loss is then NaN).
     """
     tb, u1, D = xd.shape
     bad = False
-    row = np.empty(D, dtype=sd.dtype)
+    row = np.empty(D, dtype=xd.dtype)
     for t in range(tb):
         for u in range(u1):
-            m = sd.dtype.type(NEG_INF)
+            m = xd.dtype.type(NEG_INF)
             for k in range(D):
                 v = xd[t, u, k]
                 row[k] = v
@@ -147,13 +148,16 @@ def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
                     sd[t, u, k] = NEG_INF
                 continue
             for k in range(D):
-                row[k] = row[k] - m  # exact-ish: both in the input's dtype, as torch's
+                row[k] = row[k] - m
             s = 0.0
             for k in range(D):
                 s += math.exp(row[k])
             ls = math.log(s)
+            mv = np.float64(m)
             for k in range(D):
-                sd[t, u, k] = np.float64(row[k]) - ls
+                # x - m exact in float64 (in float32 it is off by eps |x - m|: 3e-7 of
+                # gradient error at logit scale 300); only the sum's exps in float32.
+                sd[t, u, k] = (np.float64(xd[t, u, k]) - mv) - ls
     return bad
 
 
@@ -235,9 +239,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     sbb, seb, sdb = sb[b], se[b], sd[b]
     n_arcs = Db + De
     buf = np.empty(n_arcs, dtype=np.float64)
-    # Differences to the max, rounded to the scores' dtype: their exps in float32 for
+    # Differences to the max, rounded to the gradient's dtype: their exps in float32 for
     # float32 input (twice as fast as float64's; the sums and logs stay float64).
-    dif = np.empty(n_arcs, dtype=sb.dtype)
+    dif = np.empty(n_arcs, dtype=gt.dtype)
     kind = np.empty(n_arcs, dtype=np.int64)
     alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
     for t in range(Tb + 1):
@@ -391,7 +395,11 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     row[v] *= gsc
             d0 = r * Wd + cd
             for k in range(D):
-                g = np.float64(math.exp(sdb[t, u, k])) * total - od[k] if fused else -od[k]
+                # The softmax in the gradient's dtype (float32: the exp twice as fast;
+                # a relative error of eps in one term, where the lattice's scores are exact).
+                g = -od[k]
+                if fused:
+                    g += np.float64(math.exp(gt.dtype.type(sdb[t, u, k]))) * total
                 if clamp > 0.0:
                     g = min(max(g, -clamp), clamp)
                 gd[d0 + k] = _flush(g * gscale, tiny)
@@ -453,10 +461,14 @@ def _forward_table(
     compute_grad = grad_tok is not None
     whole = rows is not None and compute_grad  # token rows and duration columns in one buffer
 
-    # Compact scores in the accumulation dtype (the lattice adds them in float64).
-    sb = torch.empty((B, T, U1, nu), dtype=acc)
-    se = torch.empty((B, T, U1), dtype=acc)
-    sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=acc)
+    # Compact scores in float64 whatever the input: a float32 score of -60 (logits of
+    # scale 30) is off by up to 2e-6, which the lattice sums along every path (TDT,
+    # T=1000, U=100, V=16, logits times 30: 4.1e-6 of relative gradient error against
+    # float64, 1e-7 this way). A few numbers per state, beside V + D logits.
+    f64 = torch.float64
+    sb = torch.empty((B, T, U1, nu), dtype=f64)
+    se = torch.empty((B, T, U1), dtype=f64)
+    sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=f64)
     row_sum = torch.empty((B, T, U1), dtype=acc)
     skip = np.zeros(B, dtype=np.uint8)
     dur_bad = None
