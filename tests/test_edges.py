@@ -224,12 +224,6 @@ def run_from_joint(spec, backend, dtype, zi, reduction, which="rnnt"):  # noqa: 
     return loss, [enc, pred], lambda gs: _per_seq(gs, spec.B)
 
 
-# The from-joint losses keep the overflowed sequence's float32 gradient (from_joint.py,
-# another session's file; in float64 the recursion itself overflows to -inf and the
-# occupations are 0): xfail until it zeroes it; strict, so the fix removes the marker.
-_FROM_JOINT = pytest.mark.xfail(strict=True, reason="from_joint: zero_infinity keeps the "
-                                "gradient of an overflowed sequence (issue 22, item 4)")
-
 LOSSES = {
     "ctc": run_ctc,
     "ctc_fused": lambda *a: run_ctc(*a, fused=True),
@@ -250,8 +244,8 @@ LOSSES = {
     "tdt_from_joint": lambda *a: run_from_joint(*a, which="tdt"),
 }
 F32, F64 = torch.float32, torch.float64
-CASES = [pytest.param(k, dt, id=f"{k}-{i}", marks=[_FROM_JOINT] if "from_joint" in k and dt is F32
-                      else []) for k in LOSSES for dt, i in ((F32, "f32"), (F64, "f64"))]
+CASES = [pytest.param(k, dt, id=f"{k}-{i}") for k in LOSSES
+         for dt, i in ((F32, "f32"), (F64, "f64"))]
 
 
 def _weights(name: str, reduction: str, spec: Spec) -> list[float]:
@@ -519,17 +513,10 @@ def _calls():
     return out
 
 
-# Flags of files other sessions own (from_joint.py): the checks to add there are one
-# ``seqloss._core.checks.flag(value, name)`` per flag.
-_PENDING_FLAGS = ("_from_joint-",)
-_FLAG_XFAIL = pytest.mark.xfail(strict=True, reason="flag check pending in a file another "
-                                "session edits (issue 22, item 8)")
 FLAG_CALLS = [pytest.param(f, c, id=i) for i, f, c in _calls()]
-PENDING = [pytest.param(*p.values, id=p.id, marks=[_FLAG_XFAIL]
-                        if any(s in p.id for s in _PENDING_FLAGS) else []) for p in FLAG_CALLS]
 
 
-@pytest.mark.parametrize(("flag", "call"), PENDING)
+@pytest.mark.parametrize(("flag", "call"), FLAG_CALLS)
 def test_flag_tensor_of_many_values_is_a_type_error_naming_it(flag, call):
     for bad in (torch.tensor([True, False]), torch.tensor([1, 0]), "False", None, 2, 1.0):
         with pytest.raises(TypeError, match=flag):

@@ -7,6 +7,8 @@ the joint run on the whole padded batch, with tiles that span several sequences.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import backend_params, device_for
@@ -241,3 +243,59 @@ def test_float32_logit_gradient_within_a_few_roundings_of_float64(kind, scale):
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     err = ((got.double() - want).norm() / want.norm()).item()
     assert err <= 2.5e-7, err
+
+
+class AddJoint(nn.Module):
+    """``enc + pred + bias``: the hot sequence's blank-like logits stay at finfo.min."""
+
+    def __init__(self, W: int) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(W))
+
+    def forward(self, e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return e[:, :, None] + p[:, None] + self.bias
+
+
+@pytest.mark.parametrize("chunk", [None, 1], ids=["shared", "row"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "mean_volume"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_zero_infinity_on_overflow_zeroes_the_whole_gradient(kind, reduction, chunk):
+    """Issue 22, item 4: sequence 0 has a feasible path (blanks only) through
+    ``finfo(float32).min`` logits, so its float32 loss is +inf; ``zero_infinity`` makes
+    it 0 and takes its whole gradient away (its encoder frames, its predictor rows, its
+    share of the joint's bias), whether or not it shares a tile with sequence 1, which
+    keeps the materialized float64 loss's value and gradient (its factor: 1, 1/B or
+    1/sum U_b). It was +inf with sequence 0's gradient kept ([.5, .5, -1] per frame)."""
+    V = 6
+    W = V + (len(DURS) if kind == "tdt" else 0)
+    blanks = [V - 1 - i for i in range(1 + (len(BIG) if kind == "mb" else 0))]
+    g = torch.Generator().manual_seed(3)
+    enc = torch.randn(2, 5, W, generator=g, dtype=torch.float64)
+    pred = torch.randn(2, 3, W, generator=g, dtype=torch.float64)
+    enc[0, :, blanks] = torch.finfo(torch.float32).min
+    tg = torch.tensor([[0, 0], [1, 2]])
+    Tl, tl = torch.tensor([4, 4]), torch.tensor([0, 2])  # 4 frames: >= 2 arcs on any path
+    joint = AddJoint(W).float()
+    e = enc.float().requires_grad_()
+    p = pred.float().requires_grad_()
+    kw = dict(chunk_elements=None if chunk is None else W)
+    lo = _loss(kind, (e, p, joint), tg, Tl, tl, reduction=reduction, zero_infinity=True, **kw)
+    lo.sum().backward()
+    factor = {"none": 1.0, "sum": 1.0, "mean": 0.5, "mean_volume": 0.5}[reduction]
+
+    j64 = AddJoint(W).double()
+    e64 = enc[1:2, :4].clone().requires_grad_()
+    p64 = pred[1:2, :3].clone().requires_grad_()
+    ref = _loss(kind, j64(e64, p64), tg[1:], Tl[1:], tl[1:], reduction="sum")
+    ref.backward()
+    assert torch.isfinite(ref) and math.isfinite(lo.sum().item())
+    want = [0.0, ref.item()] if reduction == "none" else [ref.item() * factor]
+    torch.testing.assert_close(lo.double().reshape(-1)[-len(want):], torch.tensor(want,
+                               dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    if reduction == "none":
+        assert lo[0].item() == 0.0
+    assert not e.grad[0].any() and not p.grad[0].any()
+    torch.testing.assert_close(e.grad[1, :4].double(), e64.grad[0] * factor, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p.grad[1].double(), p64.grad[0] * factor, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(joint.bias.grad.double(), j64.bias.grad * factor, rtol=1e-5,
+                               atol=1e-6)

@@ -36,7 +36,7 @@ from torch import Tensor
 from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
-from .._core.reduce import volume_weight
+from .._core.reduce import finish, volume_weight
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
@@ -460,17 +460,22 @@ class _FromJoint(torch.autograd.Function):
         loss, bad, probe = _forward(plan, encoder_out, predictor_out, states)
         # A sequence infeasible in one branch of a mixture is infeasible: zero gradient.
         ctx.dead = (loss == float("inf")) if len(plan.branches) > 1 else None
-        if plan.zero_infinity:
-            loss = loss.masked_fill(loss == float("inf"), 0.0)
+        dtype = probe.dtype if probe.dtype in (torch.float32, torch.float64) else torch.float32
+        if plan.zero_infinity and dtype != loss.dtype:
+            # The lattice is float64: a feasible path through finfo(float32).min scores
+            # has a finite float64 loss that is +inf in the output dtype, and +inf is what
+            # zero_infinity zeroes (the loss and the sequence's whole gradient).
+            loss = loss.masked_fill(loss.to(dtype) == float("inf"), float("inf"))
         B = loss.shape[0]
         if plan.reduction == "mean":
-            w = loss.new_full((B,), 1.0 / max(B, 1))
+            weights = loss.new_tensor(1.0 / max(B, 1))
         elif plan.reduction == "mean_volume":
-            w = volume_weight(plan.tl.to(loss.device), loss.dtype).expand(B)
+            weights = volume_weight(plan.tl.to(loss.device), loss.dtype)
         else:
-            w = loss.new_ones((B,))
-        out = loss if plan.reduction == "none" else (loss * w).sum()
-        dtype = probe.dtype if probe.dtype in (torch.float32, torch.float64) else torch.float32
+            weights = None
+        # w: d out / d loss_b, the factor of sequence b's gradient (0 where zeroed)
+        out, w = finish(loss, loss.new_ones((B,)), plan.reduction, plan.zero_infinity,
+                        weights=weights, batch_dim=0)
         ctx.plan, ctx.states, ctx.bad, ctx.w = plan, states, bad, w
         ctx.bad_host = [bool(v) for v in bad.tolist()]
         ctx.logit_dtype = probe.dtype
@@ -602,7 +607,7 @@ def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tenso
     Ul = [int(v) for v in tl.tolist()]
     plan = _Plan(joint=joint, branches=branches, V=V, D=D, blank_tokens=blank_tokens,
                  targets=tg1, il=il.to(device), tl=tl.to(device), Tl=Tl, Ul=Ul, T=T, U1=U1,
-                 reduction=reduction, zero_infinity=bool(zero_infinity), backend=backend,
+                 reduction=reduction, zero_infinity=zero_infinity, backend=backend,
                  chunk_rows=max(1, chunk // max(V + D, 1)), is_module=is_module)
     plan.probe_dtype = probe.dtype  # type: ignore[attr-defined]
     plan.tiles = _plan_tiles(Tl, Ul, T, U1, plan.chunk_rows)
@@ -642,6 +647,8 @@ def rnnt_loss_from_joint(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    validate = checks.flag(validate, "validate")
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     B, T = encoder_out.shape[:2]
     U1 = predictor_out.shape[1]
@@ -676,6 +683,8 @@ def multiblank_rnnt_loss_from_joint(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    validate = checks.flag(validate, "validate")
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     B, T = encoder_out.shape[:2]
     U1 = predictor_out.shape[1]
@@ -722,6 +731,9 @@ def tdt_loss_from_joint(
     validate: bool = True,
 ) -> Tensor:
     from .tdt import _check_tdt_durations
+
+    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
+    validate = checks.flag(validate, "validate")
 
     durs = _check_tdt_durations(durations)
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
