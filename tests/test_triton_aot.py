@@ -25,9 +25,11 @@ pytestmark = pytest.mark.skipif(triton_aot.unavailable() is not None,
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
-def _python(code_or_args: list[str], cwd: str, timeout: int) -> subprocess.CompletedProcess:
+def _python(code_or_args: list[str], cwd: str, timeout: int,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, *code_or_args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -140,7 +142,10 @@ def test_the_sweep_catches_what_the_interpreter_does_not(tmp_path):
         report = triton_aot.sweep((90,), cases=cases)
         print(json.dumps(report["failures"]))
     """)
-    r = _python(["-c", script], str(tmp_path), timeout=300)
+    # A Triton cache of its own: a cached compile keeps the source locations of the run
+    # that compiled it (an earlier run's deleted toy file: no source line to report).
+    r = _python(["-c", script], str(tmp_path), timeout=300,
+                extra_env={"TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})
     assert r.returncode == 0, r.stderr[-3000:]
     failures = json.loads(r.stdout.strip().splitlines()[-1])
     grid = [f for f in failures if "beyond CUDA's limits" in f]
