@@ -11,10 +11,9 @@ import math
 
 import numpy as np
 import torch
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
-from ..._core.numba_exp import vexp
+from ..._core.numba_exp import vexp, vlog1pexp
 from ..._core.numba_pool import own_lines, run_jobs
 from .reference import viterbi_order
 
@@ -24,34 +23,6 @@ NAN = float("nan")
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _log1p_exp(d, proto):  # noqa: ANN001, ANN202
-    """``log1p(exp(d))`` for ``d <= 0`` in float64, its transcendentals in ``proto``'s
-    precision (Numba only)."""
-    raise NotImplementedError
-
-
-@overload(_log1p_exp)
-def _log1p_exp_impl(d, proto):  # noqa: ANN001, ANN202
-    if proto == types.float32:
-        # Float32 arcs: the correction (at most log 2) in float32, added to float64
-        # alpha: its rounding (<= 4e-8 absolute) does not grow with alpha's magnitude,
-        # unlike a float32 alpha's, and expf/log1pf cost half of exp/log1p.
-        return lambda d, proto: np.float64(math.log1p(math.exp(np.float32(d))))
-    return lambda d, proto: math.log1p(math.exp(d))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _lae(a, b, proto):  # noqa: ANN001, ANN202
-    # Guarded logaddexp: -inf is an exact zero, no epsilon.
-    if a == NEG_INF:
-        return b
-    if b == NEG_INF:
-        return a
-    if a > b:
-        return a + _log1p_exp(b - a, proto)
-    return b + _log1p_exp(a - b, proto)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -65,48 +36,64 @@ def _term(a, x):  # noqa: ANN001, ANN202
     return v
 
 
-@njit(cache=True, nogil=True)
-def _alpha_rnnt(arc_blank, arc_emit, Tb, Ub, alpha):  # noqa: ANN001, ANN202
-    """``_alpha`` specialized to RNN-T's arcs (blank +1 frame, emission +0 frames).
+@njit(cache=True, nogil=True, error_model="numpy")
+def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):  # noqa: ANN001, ANN202
+    """Alpha (``backward`` 0) or beta (1) of one sequence with RNN-T's arcs (blank +1
+    frame, emission +0 frames), in float64 whatever the arcs' dtype.
 
-    Swept by anti-diagonals ``t + u = n``: their states do not depend on each other,
-    so the CPU overlaps their ``exp``/``log1p`` (row order chains every state on the
-    previous one: 1.4x slower at T=300, U=60). Each state adds the same two terms as in row order,
-    so the values are the same bit for bit.
+    Both are one recursion in sweep coordinates ``(i, j)``: alpha's ``(t, u)``, beta's
+    ``(T_b - t, U_b - u)``; state ``(i, j)`` is the logaddexp of ``(i - 1, j)`` plus its
+    blank arc and ``(i, j - 1)`` plus its emission (an arc that does not exist is -inf).
+    Swept by anti-diagonals ``i + j = n``, whose states do not depend on each other: a
+    diagonal is kept contiguous in a rolling buffer (its arcs gathered first), so the
+    branch-free logaddexp (``vlog1pexp``, no libm call) vectorizes; row order would chain
+    every state on the previous one. ``-inf`` is an exact zero on either side of a term,
+    even beside a NaN (an arc no complete path takes cannot poison the sum); a NaN that a
+    path takes gives NaN.
+
+    Updates: ``out[:T_b + 1, :U_b + 1]``.
     """
-    alpha[0, 0] = 0.0
-    if Tb == 0:
-        for u in range(1, Ub + 1):
-            alpha[0, u] = NEG_INF
-        return
+    # Rolling diagonals, offset by one so that j - 1 = -1 reads an -inf that is never written.
+    prev = np.full(Ub + 2, NEG_INF)
+    cur = np.full(Ub + 2, NEG_INF)
+    xb = np.empty(Ub + 1, dtype=np.float64)
+    xe = np.empty(Ub + 1, dtype=np.float64)
+    prev[1] = 0.0
+    if backward:
+        out[Tb, Ub] = 0.0
+    else:
+        out[0, 0] = 0.0
     for n in range(1, Tb + Ub + 1):
-        if n <= Tb:  # u = 0
-            alpha[n, 0] = _term(alpha[n - 1, 0], arc_blank[n - 1, 0, 0])
-        if n <= Ub:  # t = 0
-            alpha[0, n] = _term(alpha[0, n - 1], arc_emit[0, n - 1, 0])
-        if 1 <= n - Tb <= Ub:  # t = Tb, the last frame: no emission within it
-            u = n - Tb
-            alpha[Tb, u] = _term(alpha[Tb - 1, u], arc_blank[Tb - 1, u, 0])
-        for u in range(max(1, n - Tb + 1), min(n - 1, Ub) + 1):  # 1 <= t < Tb, u >= 1
-            t = n - u
-            alpha[t, u] = _lae(_term(alpha[t - 1, u], arc_blank[t - 1, u, 0]),
-                               _term(alpha[t, u - 1], arc_emit[t, u - 1, 0]), arc_blank[0, 0, 0])
-
-
-@njit(cache=True, nogil=True)
-def _beta_rnnt(arc_blank, arc_emit, Tb, Ub, beta):  # noqa: ANN001, ANN202
-    """``_beta`` specialized to RNN-T's arcs, by anti-diagonals as ``_alpha_rnnt``."""
-    for u in range(Ub + 1):
-        beta[Tb, u] = NEG_INF
-    beta[Tb, Ub] = 0.0
-    for m in range(1, Tb + Ub + 1):  # m = (Tb - t) + (Ub - u); the row t = Tb is set
-        if m <= Tb:  # u = Ub
-            t = Tb - m
-            beta[t, Ub] = _term(beta[t + 1, Ub], arc_blank[t, Ub, 0])
-        for du in range(max(1, m - Tb), min(m - 1, Ub) + 1):  # t < Tb, u < Ub
-            t, u = Tb - (m - du), Ub - du
-            beta[t, u] = _lae(_term(beta[t + 1, u], arc_blank[t, u, 0]),
-                              _term(beta[t, u + 1], arc_emit[t, u, 0]), arc_blank[0, 0, 0])
+        lo = max(0, n - Tb)
+        m = min(n, Ub) - lo + 1
+        for k in range(m):
+            j = lo + k
+            i = n - j
+            if backward:  # state (Tb - i, Ub - j): both its arcs leave frame Tb - i < Tb
+                t, u = Tb - i, Ub - j
+                xb[k] = arc_blank[t, u, 0] if i >= 1 else NEG_INF
+                xe[k] = arc_emit[t, u, 0] if (j >= 1 and i >= 1) else NEG_INF
+            else:  # state (i, j): from (i - 1, j) by a blank, from (i, j - 1) by an emission
+                xb[k] = arc_blank[i - 1, j, 0] if i >= 1 else NEG_INF
+                xe[k] = arc_emit[i, j - 1, 0] if (j >= 1 and i < Tb) else NEG_INF
+        # Views from index 0: LLVM then knows the indices are not negative and vectorizes.
+        pb = prev[lo + 1:lo + 1 + m]
+        pe = prev[lo:lo + m]
+        c = cur[lo + 1:lo + 1 + m]
+        for k in range(m):
+            a = pb[k] + xb[k]
+            a = NEG_INF if (pb[k] == NEG_INF or xb[k] == NEG_INF) else a
+            b = pe[k] + xe[k]
+            b = NEG_INF if (pe[k] == NEG_INF or xe[k] == NEG_INF) else b
+            r = (a if a > b else b) + vlog1pexp(-abs(a - b))  # NaN on either side: NaN
+            c[k] = NEG_INF if (a == NEG_INF and b == NEG_INF) else r
+        for k in range(m):
+            j = lo + k
+            if backward:
+                out[Tb - n + j, Ub - j] = c[k]
+            else:
+                out[n - j, j] = c[k]
+        prev, cur = cur, prev
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -192,12 +179,12 @@ def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha,
     b = job // 2
     if job % 2 == 0:
         if rnnt:
-            _alpha_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b])
+            _sweep_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b], 0)
         else:
             _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, alpha[b])
         ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
     elif rnnt:
-        _beta_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b])
+        _sweep_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b], 1)
     else:
         _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, beta[b])
 
