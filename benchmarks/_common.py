@@ -5,7 +5,7 @@ The code ships inside the package (``seqloss.bench._common``) so that
 the scripts in this folder.
 """
 
-from seqloss.bench._common import (  # noqa: F401
+from seqloss.bench._common import (
     Factory,
     _status_kib,
     format_table,
@@ -16,3 +16,15 @@ from seqloss.bench._common import (  # noqa: F401
     peak_memory_subprocess,
     peak_of_call,
 )
+
+__all__ = [
+    "Factory",
+    "_status_kib",
+    "format_table",
+    "interleaved_times",
+    "machine_info",
+    "median_ms",
+    "mem_child_main",
+    "peak_memory_subprocess",
+    "peak_of_call",
+]

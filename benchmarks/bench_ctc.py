@@ -8,7 +8,7 @@ the package, so ``seqloss bench --loss ctc`` runs the same code from an installe
 wheel); see its docstring for the pairings and the measurement method.
 """
 
-from seqloss.bench.ctc import (  # noqa: F401
+from seqloss.bench.ctc import (
     PAIRINGS,
     SIZES,
     cases,
@@ -18,6 +18,17 @@ from seqloss.bench.ctc import (  # noqa: F401
     pair_rows,
     run,
 )
+
+__all__ = [
+    "PAIRINGS",
+    "SIZES",
+    "cases",
+    "implementations",
+    "main",
+    "make_inputs",
+    "pair_rows",
+    "run",
+]
 
 if __name__ == "__main__":
     main()

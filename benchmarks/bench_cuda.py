@@ -85,7 +85,7 @@ def _ctc(repeat: int) -> list[dict]:
 def _rnnt(repeat: int) -> list[dict]:
     try:
         import torchaudio.functional as taf
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 -- a mismatched torchaudio fails in many ways
         taf = None
     rows = []
     for B, T, U, V in RNNT_CASES:

@@ -56,7 +56,7 @@ def _setup(a: argparse.Namespace, T: int | None = None):
     return joint, enc, pred, tg, Tl, tl
 
 
-def _step(a: argparse.Namespace, impl: str, joint, enc, pred, tg, Tl, tl) -> float:  # noqa: ANN001
+def _step(a: argparse.Namespace, impl: str, joint, enc, pred, tg, Tl, tl) -> float:
     kw = {"chunk_elements": a.chunk} if impl == "from_joint" else {}
     if a.variant == "rnnt":
         if impl == "from_joint":

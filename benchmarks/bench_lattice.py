@@ -23,11 +23,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
-import seqloss  # noqa: E402
-from seqloss.bench import rnnt as rnnt_bench  # noqa: E402
-from seqloss.transducer.lattice import numba_cpu  # noqa: E402
+import seqloss
+from seqloss.bench import rnnt as rnnt_bench
+from seqloss.transducer.lattice import numba_cpu
 
 
 def _arcs(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -33,9 +33,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
-import seqloss  # noqa: E402
+import seqloss
 
 CASES = [
     {"name": "B8-M300-K500-N61", "B": 8, "M": 300, "K": 500, "N": 61, "scale": 1.0},
@@ -53,11 +53,11 @@ def _inputs(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return a, b, gout
 
 
-def _fwd_bwd(f):  # noqa: ANN001, ANN202
-    def make(case: dict):  # noqa: ANN202
+def _fwd_bwd(f):
+    def make(case: dict):
         a0, b0, gout = _inputs(case)
 
-        def run():  # noqa: ANN202
+        def run():
             a = a0.detach().requires_grad_()
             b = b0.detach().requires_grad_()
             out = f(a, b)
@@ -82,13 +82,13 @@ def _broadcast(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _EXACT = None
 
 
-def _numba_exact_kernel():  # noqa: ANN202
+def _numba_exact_kernel():
     global _EXACT
     if _EXACT is None:
         import numba
 
         @numba.njit(parallel=True, cache=False, fastmath=False)
-        def exact(a, b, out):  # noqa: ANN001, ANN202
+        def exact(a, b, out):
             B, M, K = a.shape
             N = b.shape[2]
             for r in numba.prange(B * M):
@@ -110,13 +110,13 @@ def _numba_exact_kernel():  # noqa: ANN202
     return _EXACT
 
 
-def _numba_exact(case: dict):  # noqa: ANN202
+def _numba_exact(case: dict):
     a, b, _ = _inputs(case)
     an = a.numpy()
     bn = b.contiguous().numpy()
     kern = _numba_exact_kernel()
 
-    def run():  # noqa: ANN202
+    def run():
         out = torch.empty(a.shape[0], a.shape[1], b.shape[2])
         kern(an, bn, out.numpy())
         return out

@@ -19,9 +19,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
-from seqloss.testing import precision as P  # noqa: E402
+from seqloss.testing import precision as P
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

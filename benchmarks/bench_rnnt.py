@@ -1,4 +1,5 @@
-"""RNN-T forward+backward: seqloss against torchaudio, optimized_transducer, fast_rnnt, warprnnt-numba.
+"""RNN-T forward+backward: seqloss against torchaudio, optimized_transducer, fast_rnnt and
+warprnnt-numba.
 
     python benchmarks/bench_rnnt.py [--repeat N] [--threads N] [--no-memory] [--json FILE]
                                     [--with-warprnnt-numba] [--cases NAME,...]
@@ -42,9 +43,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
-from seqloss.bench import rnnt as rnnt_bench  # noqa: E402
+from seqloss.bench import rnnt as rnnt_bench
 
 THREADS = 2
 # The one RNN-T case list (seqloss.bench.rnnt, also behind `seqloss bench`).
@@ -196,7 +197,7 @@ def run(cases: list[dict], impls: list[str], repeat: int, memory: bool) -> list[
         for name in impls:
             try:
                 fns[name] = IMPLS[name](case)
-            except Exception as e:  # noqa: BLE001 - a broken peer is reported, not fatal
+            except Exception as e:  # noqa: BLE001 -- a broken peer is reported, not fatal
                 sys.stderr.write(f"[skip] {name} {case['name']}: {type(e).__name__}: {e}\n")
         slow = {k: v for k, v in fns.items() if k == "warprnnt-numba"}
         fast = {k: v for k, v in fns.items() if k not in slow}

@@ -30,9 +30,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _common  # noqa: E402
+import _common
 
-from seqloss.bench import _variants  # noqa: E402
+from seqloss.bench import _variants
 
 VARIANTS = {"multiblank": _variants.MULTIBLANK, "tdt": _variants.TDT}
 

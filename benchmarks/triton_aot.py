@@ -25,7 +25,7 @@ import sys
 
 # Read when @triton.jit decorates the kernels: compiling needs it unset.
 os.environ.pop("TRITON_INTERPRET", None)
-from seqloss.testing import triton_aot  # noqa: E402
+from seqloss.testing import triton_aot
 
 if __name__ == "__main__":
     sys.exit(triton_aot.main())

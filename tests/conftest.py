@@ -13,11 +13,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.pop("SEQLOSS_BACKEND", None)
 
-import pytest  # noqa: E402
-from hypothesis import settings  # noqa: E402
+import pytest
+from hypothesis import settings
 
-from seqloss._core import registry  # noqa: E402
-from seqloss._core.registry import NAMES  # noqa: E402
+from seqloss._core import registry
+from seqloss._core.registry import NAMES
 
 settings.register_profile("ci", derandomize=True, deadline=None, max_examples=25)
 settings.register_profile("dev", deadline=None, max_examples=25)

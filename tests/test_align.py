@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from conftest import backend_params, device_for
 
-import pytest
 import seqloss
 from seqloss import InputError
 
@@ -90,7 +90,8 @@ def _rnnt_lattice(lp: torch.Tensor, target):
     """``lp (T, U+1, V)`` -> blank ``(T, U+1)`` and emission ``(T, U)`` log-probs (blank = V-1)."""
     V = lp.shape[-1]
     bl = lp[..., V - 1]
-    em = torch.stack([lp[:, u, target[u]] for u in range(len(target))], dim=1) if len(target) else lp[:, :0, 0]
+    em = (torch.stack([lp[:, u, target[u]] for u in range(len(target))], dim=1) if len(target)
+          else lp[:, :0, 0])
     return bl, em
 
 
@@ -198,7 +199,8 @@ def test_ctc_matches_torchaudio(backend):
         lp[0, 3:6] = 0.0  # uniform frames: their ties are settled by the rules alone
         lp = lp.log_softmax(-1)
         tg = torch.tensor([target], dtype=torch.int32)
-        want_labels, want_scores = ta.forced_align(lp, tg, torch.tensor([T]), torch.tensor([len(target)]))
+        want_labels, want_scores = ta.forced_align(lp, tg, torch.tensor([T]),
+                                                   torch.tensor([len(target)]))
         labels, scores = seqloss.ctc_align(lp.transpose(0, 1).to(device), tg.to(device), [T],
                                            [len(target)], backend=backend)
         assert torch.equal(labels.cpu(), want_labels.long())
@@ -254,15 +256,16 @@ def test_ctc_consistency(backend, concat):
     lp, tg, il, tl = _ctc_batch(T, B, C, S, seed=1, blank=blank, dtype=torch.float64)
     tg[0, :3] = tg[0, 0]  # repeats
     targets = torch.cat([tg[b, : tl[b]] for b in range(B)]) if concat else tg
-    labels, scores = seqloss.ctc_align(lp.to(device), targets.to(device), il.int(), tl.tolist(), blank,
-                                       backend=backend)
+    labels, scores = seqloss.ctc_align(lp.to(device), targets.to(device), il.int(), tl.tolist(),
+                                       blank, backend=backend)
     assert labels.shape == scores.shape == (B, T)
     for b in range(B):
         Tb, target = int(il[b]), tg[b, : tl[b]].tolist()
         assert _collapse(labels[b, :Tb].tolist(), blank) == target
         viterbi = _ctc_viterbi_score(lp[:Tb, b], target, blank)
         assert abs(scores[b].sum().item() - viterbi) <= 1e-9 * max(1.0, abs(viterbi))
-        one_l, one_s = seqloss.ctc_align(lp[:Tb, b : b + 1].to(device), tg[b : b + 1, : tl[b]].to(device),
+        one_l, one_s = seqloss.ctc_align(lp[:Tb, b : b + 1].to(device),
+                                         tg[b : b + 1, : tl[b]].to(device),
                                          [Tb], [int(tl[b])], blank, backend=backend)
         assert torch.equal(one_l[0], labels[b, :Tb]) and torch.equal(one_s[0], scores[b, :Tb])
 
@@ -283,10 +286,12 @@ def test_ctc_unbatched(backend):
     labels, scores = seqloss.ctc_align(lp[:, 0].to(device), tg[0, :3].to(device), int(il[0]), 3,
                                        backend=backend)
     bl, bs = seqloss.ctc_align(lp, tg, il, tl, backend="reference")
-    assert labels.shape == (12,) and torch.equal(labels.cpu(), bl[0]) and torch.equal(scores.cpu(), bs[0])
+    assert (labels.shape == (12,) and torch.equal(labels.cpu(), bl[0])
+            and torch.equal(scores.cpu(), bs[0]))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=["fp16", "bf16", "fp64"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64],
+                         ids=["fp16", "bf16", "fp64"])
 def test_ctc_dtypes_and_layout(backend, dtype):
     device = device_for(backend)
     lp, tg, il, tl = _ctc_batch(14, 3, 5, 4, seed=5, dtype=torch.float64)
@@ -320,7 +325,8 @@ def test_ctc_nonfinite_and_padding(backend):
     assert torch.isnan(scores[1, :9]).all() and (labels[1] == 0).all()
     assert torch.count_nonzero(scores[1, 9:]) == 0
     for b in (0, 2):
-        assert torch.equal(labels[b].cpu(), clean[0][b]) and torch.equal(scores[b].cpu(), clean[1][b])
+        assert (torch.equal(labels[b].cpu(), clean[0][b])
+                and torch.equal(scores[b].cpu(), clean[1][b]))
     lp[3, 1, 4] = INF
     _, scores = seqloss.ctc_align(lp.to(device), tg, il, tl, backend=backend)
     assert torch.isnan(scores[1, :9]).all()
@@ -329,11 +335,14 @@ def test_ctc_nonfinite_and_padding(backend):
 def test_ctc_zero_probability_and_zero_frames(backend):
     device = device_for(backend)
     lp, tg, il, tl = _ctc_batch(8, 3, 4, 2, seed=8)
-    tg[:] = torch.tensor([1, 2]); tl[:] = torch.tensor([2, 0, 2]); il[:] = torch.tensor([8, 0, 6])
+    tg[:] = torch.tensor([1, 2])
+    tl[:] = torch.tensor([2, 0, 2])
+    il[:] = torch.tensor([8, 0, 6])
     lp[:, 0, 2] = -INF  # label 2 can never be emitted in sequence 0: every path has probability 0
     labels, scores = seqloss.ctc_align(lp.to(device), tg, il, tl, backend=backend)
     assert (labels[0] == 0).all() and (scores[0] == -INF).all()
-    assert (labels[1] == 0).all() and torch.count_nonzero(scores[1]) == 0  # zero frames, empty target
+    # zero frames, empty target
+    assert (labels[1] == 0).all() and torch.count_nonzero(scores[1]) == 0
     assert _collapse(labels[2, :6].tolist(), 0) == [1, 2] and torch.isfinite(scores[2]).all()
 
 
@@ -349,7 +358,8 @@ def test_ctc_errors(backend):
     labels, scores = seqloss.ctc_align(x, tg, il, tl, backend=backend, validate=False)
     assert (labels[1] == 0).all() and (scores[1, :8] == -INF).all() and (scores[1, 8:] == 0).all()
     tl[1] = 2
-    bad = tg.clone(); bad[2, 0] = 7
+    bad = tg.clone()
+    bad[2, 0] = 7
     with pytest.raises(InputError, match=r"targets\[2, 0\] = 7"):
         seqloss.ctc_align(x, bad, il, tl.clamp(min=1), backend=backend)
     with pytest.raises(InputError, match=r"input_lengths\[0\] = 11"):
@@ -418,7 +428,7 @@ def test_rnnt_brute_force_fused(backend):
 
 
 def test_rnnt_tie_rule_by_hand(backend):
-    """All arcs tie: the blank arc wins every tie walking back, so tokens come as early as possible."""
+    """All arcs tie: blank wins every tie walking back, so tokens come as early as possible."""
     device = device_for(backend)
     x = torch.zeros(1, 4, 3, 3)
     frames, scores = seqloss.rnnt_align(x.to(device), [[0, 1]], [4], [2], fused_log_softmax=False,
@@ -433,7 +443,8 @@ def test_rnnt_tie_rule_by_hand(backend):
 # ------------------------------------------------------------------ RNN-T: consistency
 def _rnnt_batch(B, T, U, V, *, seed=0, dtype=torch.float32, pad_t=0, pad_u=0):
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(B, T + pad_t, U + 1 + pad_u, V, generator=g, dtype=torch.float64) * 2).to(dtype)
+    x = (torch.randn(B, T + pad_t, U + 1 + pad_u, V, generator=g,
+                     dtype=torch.float64) * 2).to(dtype)
     ll = torch.randint(max(1, T // 2), T + 1, (B,), generator=g)
     tl = torch.randint(0, U + 1, (B,), generator=g)
     tg = torch.randint(0, V - 1, (B, U), generator=g)
@@ -446,21 +457,24 @@ def _path_score(lp, target, frames, Tb):
     score, t = 0.0, 0
     for u, f in enumerate(frames):
         while t < f:
-            score += lp[t, u, V - 1].item(); t += 1
+            score += lp[t, u, V - 1].item()
+            t += 1
         score += lp[t, u, target[u]].item()
     u = len(frames)
     while t < Tb:
-        score += lp[t, u, V - 1].item(); t += 1
+        score += lp[t, u, V - 1].item()
+        t += 1
     return score
 
 
 def test_rnnt_consistency(backend):
-    """Frames are monotone and inside the sequence, the score is the path's, batch == per sequence."""
+    """Frames are monotone and in the sequence, the score is the path's, batch == per sequence."""
     device = device_for(backend)
     B, T, U, V = (3, 6, 4, 5) if backend == "triton" else (5, 12, 6, 7)
     x, tg, ll, tl = _rnnt_batch(B, T, U, V, seed=2, dtype=torch.float64, pad_t=2, pad_u=1)
     tl[0] = 0
-    frames, scores = seqloss.rnnt_align(x.to(device), tg.to(device), ll.int(), tl.tolist(), backend=backend)
+    frames, scores = seqloss.rnnt_align(x.to(device), tg.to(device), ll.int(), tl.tolist(),
+                                        backend=backend)
     lp = x.log_softmax(-1)
     for b in range(B):
         Tb, Ub = int(ll[b]), int(tl[b])
@@ -468,7 +482,8 @@ def test_rnnt_consistency(backend):
         assert f == sorted(f) and all(0 <= v < Tb for v in f) and (frames[b, Ub:] == -1).all()
         want = _path_score(lp[b], tg[b].tolist(), f, Tb)
         assert abs(scores[b].item() - want) <= 1e-10 * max(1.0, abs(want))
-        f1, s1 = seqloss.rnnt_align(x[b : b + 1, :Tb, : Ub + 1].to(device), tg[b : b + 1, :Ub].to(device),
+        f1, s1 = seqloss.rnnt_align(x[b : b + 1, :Tb, : Ub + 1].to(device),
+                                    tg[b : b + 1, :Ub].to(device),
                                     [Tb], [Ub], backend=backend)
         assert torch.equal(f1[0], frames[b, :Ub]) and torch.equal(s1[0], scores[b])
 
@@ -478,11 +493,13 @@ def test_rnnt_backends_agree_bitwise(backend):
     x = (x * 2).round() / 2  # half-integers: exact sums, many ties
     want = seqloss.rnnt_align(x, tg, ll, tl, fused_log_softmax=False, backend="reference")
     device = device_for(backend)
-    got = seqloss.rnnt_align(x.to(device), tg.to(device), ll, tl, fused_log_softmax=False, backend=backend)
+    got = seqloss.rnnt_align(x.to(device), tg.to(device), ll, tl, fused_log_softmax=False,
+                             backend=backend)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64], ids=["fp16", "bf16", "fp64"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64],
+                         ids=["fp16", "bf16", "fp64"])
 def test_rnnt_dtypes_and_layout(backend, dtype):
     device = device_for(backend)
     x, tg, ll, tl = _rnnt_batch(3, 6, 3, 5, seed=4, dtype=torch.float64)
@@ -509,13 +526,15 @@ def test_rnnt_blank_index(backend):
     a = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
     b = seqloss.rnnt_align(x.roll(1, dims=-1).to(device), tg + 1, ll, tl, blank=0, backend=backend)
     assert torch.equal(a[0], b[0])
-    assert ((a[1] - b[1]).abs() <= 1e-12 * a[1].abs()).all()  # the log-softmax sums in another order
+    # the log-softmax sums in another order
+    assert ((a[1] - b[1]).abs() <= 1e-12 * a[1].abs()).all()
 
 
 def test_rnnt_nonfinite_and_padding(backend):
     device = device_for(backend)
     x, tg, ll, tl = _rnnt_batch(3, 6, 3, 5, seed=6, pad_t=1, pad_u=1)
-    ll[:] = torch.tensor([6, 4, 5]); tl[:] = torch.tensor([3, 2, 1])
+    ll[:] = torch.tensor([6, 4, 5])
+    tl[:] = torch.tensor([3, 2, 1])
     clean = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
     clean = clean[0].cpu(), clean[1].cpu()
     x[1, 2, 1, 0] = float("nan")  # read by sequence 1 (any class counts)
@@ -525,23 +544,27 @@ def test_rnnt_nonfinite_and_padding(backend):
     frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
     assert torch.isnan(scores[1]) and (frames[1] == -1).all()
     for b in (0, 2):
-        assert torch.equal(frames[b].cpu(), clean[0][b]) and torch.equal(scores[b].cpu(), clean[1][b])
+        assert (torch.equal(frames[b].cpu(), clean[0][b])
+                and torch.equal(scores[b].cpu(), clean[1][b]))
     x[1, 2, 1, 0] = 0.0
     x[1, 3, 0, 4] = INF
     _, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, backend=backend)
     assert torch.isnan(scores[1])
     # A log-prob of -inf masks a class; a path avoiding it stays finite.
     x[1, 3, 0, 4] = -INF
-    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False, backend=backend)
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False,
+                                        backend=backend)
     assert torch.isfinite(scores).all()
 
 
 def test_rnnt_zero_probability_empty_target_and_errors(backend):
     device = device_for(backend)
     x, tg, ll, tl = _rnnt_batch(3, 5, 2, 4, seed=7)
-    ll[:] = torch.tensor([5, 3, 4]); tl[:] = torch.tensor([2, 0, 2])
+    ll[:] = torch.tensor([5, 3, 4])
+    tl[:] = torch.tensor([2, 0, 2])
     x[0, :, :, 3] = -INF  # blank is never possible for sequence 0
-    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False, backend=backend)
+    frames, scores = seqloss.rnnt_align(x.to(device), tg, ll, tl, fused_log_softmax=False,
+                                        backend=backend)
     assert scores[0].item() == -INF and (frames[0] == -1).all()
     assert (frames[1] == -1).all()
     assert abs(scores[1].item() - x[1, :3, 0, 3].double().sum().item()) <= 1e-6
@@ -552,7 +575,8 @@ def test_rnnt_zero_probability_empty_target_and_errors(backend):
     assert scores[2].item() == -INF and (frames[2] == -1).all()
     ll[2] = 4
     with pytest.raises(InputError, match=r"targets\[0, 1\] = 3 equals blank"):
-        seqloss.rnnt_align(x.to(device), torch.tensor([[0, 3], [1, 1], [2, 2]]), ll, tl, backend=backend)
+        seqloss.rnnt_align(x.to(device), torch.tensor([[0, 3], [1, 1], [2, 2]]), ll, tl,
+                           backend=backend)
     with pytest.raises(InputError, match=r"target_lengths\[1\] = 3"):
         seqloss.rnnt_align(x.to(device), tg, ll, [2, 3, 1], backend=backend)
     with pytest.raises(InputError, match=r"logit_lengths\[0\] = 6"):

@@ -17,23 +17,23 @@ from seqloss._core import buffers
 
 
 @pytest.fixture(autouse=True)
-def small_threshold(monkeypatch):  # noqa: ANN001, ANN201
+def small_threshold(monkeypatch):
     """Reuse from 4 KiB here, so that small test tensors take the reuse path."""
     monkeypatch.setattr(buffers, "MIN_BYTES", 4096)
     monkeypatch.delenv("SEQLOSS_REUSE_BUFFERS", raising=False)
-    buffers._KEPT.clear()  # noqa: SLF001
+    buffers._KEPT.clear()
     yield
-    buffers._KEPT.clear()  # noqa: SLF001
+    buffers._KEPT.clear()
 
 
-def _inputs(seed: int, B: int = 3, T: int = 9, U: int = 4, V: int = 40, dtype=torch.float32):  # noqa: ANN001, ANN202
+def _inputs(seed: int, B: int = 3, T: int = 9, U: int = 4, V: int = 40, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, U + 1, V, generator=g, dtype=dtype)
     tg = torch.randint(0, V - 1, (B, U), generator=g)  # the blank is the last class
     return x, tg, torch.full((B,), T), torch.full((B,), U)
 
 
-def _grad(x, tg, il, tl, backend="numba"):  # noqa: ANN001, ANN202
+def _grad(x, tg, il, tl, backend="numba"):
     x = x.detach().clone().requires_grad_()
     (g,) = torch.autograd.grad(seqloss.rnnt_loss(x, tg, il, tl, backend=backend), x)
     return g
@@ -84,7 +84,7 @@ def test_leaf_grad_accumulates_across_calls():
     torch.testing.assert_close(xl.grad.double(), 2 * ref, rtol=1e-5, atol=1e-7)
 
 
-def _tdt_call(scale: float):  # noqa: ANN202
+def _tdt_call(scale: float):
     g = torch.Generator().manual_seed(5)
     V = 30
     x = torch.randn(2, 8, 4, V + 3, generator=g).mul_(scale).requires_grad_()
@@ -94,7 +94,7 @@ def _tdt_call(scale: float):  # noqa: ANN202
     return torch.autograd.grad(loss, x)[0]
 
 
-def _ctc_call(scale: float):  # noqa: ANN202
+def _ctc_call(scale: float):
     g = torch.Generator().manual_seed(6)
     lp = torch.randn(400, 2, 20, generator=g).mul_(scale).log_softmax(-1).requires_grad_()
     loss = seqloss.ctc_loss(lp, torch.randint(1, 20, (2, 30), generator=g),
@@ -103,7 +103,7 @@ def _ctc_call(scale: float):  # noqa: ANN202
 
 
 @pytest.mark.parametrize("call", [_tdt_call, _ctc_call], ids=["tdt", "ctc"])
-def test_other_families_keep_a_held_gradient(call):  # noqa: ANN001
+def test_other_families_keep_a_held_gradient(call):
     g1 = call(1.0)
     want = g1.clone()
     assert buffers.kept_bytes() >= g1.numel() * 4  # it went through the reuse
@@ -142,7 +142,7 @@ def test_at_most_two_buffers_are_kept():
     del held
 
 
-def test_switched_off_by_the_environment(monkeypatch):  # noqa: ANN001
+def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("SEQLOSS_REUSE_BUFFERS", "0")
     x, tg, il, tl = _inputs(6)
     _grad(x, tg, il, tl)

@@ -215,7 +215,7 @@ def test_demo_without_matplotlib_prints_hint(monkeypatch, tmp_path):
 
 
 # --------------------------------------------------------------------------- audit findings
-def _rnnt_file(**over):  # noqa: ANN003, ANN202
+def _rnnt_file(**over):
     x = torch.randn(2, 4, 3, 5, generator=torch.Generator().manual_seed(0))
     d = dict(kind="rnnt", logits=x, targets=torch.tensor([[1, 2], [2, 0]]),
              logit_lengths=torch.tensor([4, 3]), target_lengths=torch.tensor([2, 1]))

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import device_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-import pytest
 import seqloss
 from seqloss.testing import assert_close_budget, brute_force_ctc
 
 INF = float("inf")
 
 
-def _batch(T, B, C, S, *, blank=0, seed=0, dtype=torch.float32, min_frac=0.6, device="cpu", scale=2.0):
+def _batch(T, B, C, S, *, blank=0, seed=0, dtype=torch.float32, min_frac=0.6, device="cpu",
+           scale=2.0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(T, B, C, generator=g, dtype=torch.float64) * scale
     il = torch.randint(max(1, int(T * min_frac)), T + 1, (B,), generator=g)
@@ -48,7 +49,8 @@ def test_brute_force(ctc_backend, case, fused):
     g = torch.Generator().manual_seed(len(target) * 31 + T)
     x = torch.randn(T, C, generator=g, dtype=torch.float64) * 1.5
     xin = x.clone().to(device).requires_grad_()
-    loss = seqloss.ctc_loss(xin.unsqueeze(1), torch.tensor([target], dtype=torch.long).reshape(1, -1),
+    loss = seqloss.ctc_loss(xin.unsqueeze(1),
+                            torch.tensor([target], dtype=torch.long).reshape(1, -1),
                             [T], [len(target)], blank=blank, reduction="sum",
                             fused_log_softmax=fused, backend=ctc_backend)
     (grad,) = torch.autograd.grad(loss, xin)
@@ -99,7 +101,8 @@ def test_infeasible_matches_torch(ctc_backend, zero_infinity):
     ours = seqloss.ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none",
                             zero_infinity=zero_infinity, backend=ctc_backend)
     (g,) = torch.autograd.grad(ours.sum(), x)
-    ref = F.ctc_loss(logits.log_softmax(-1), tg, il, tl, reduction="none", zero_infinity=zero_infinity)
+    ref = F.ctc_loss(logits.log_softmax(-1), tg, il, tl, reduction="none",
+                     zero_infinity=zero_infinity)
     assert ours[1].item() == (0.0 if zero_infinity else INF)
     assert torch.count_nonzero(g[:, 1]) == 0
     assert_close_budget(ours, ref, rtol=1e-5, what="loss")
@@ -144,8 +147,10 @@ def test_half_equals_float32_on_rounded(ctc_backend, dtype, fused):
     lp = logits if fused else logits.log_softmax(-1)
     half = lp.to(dtype).to(device).requires_grad_()
     f32 = half.detach().float().requires_grad_()
-    a = seqloss.ctc_loss(half, tg, il, tl, reduction="sum", fused_log_softmax=fused, backend=ctc_backend)
-    b = seqloss.ctc_loss(f32, tg, il, tl, reduction="sum", fused_log_softmax=fused, backend=ctc_backend)
+    a = seqloss.ctc_loss(half, tg, il, tl, reduction="sum", fused_log_softmax=fused,
+                         backend=ctc_backend)
+    b = seqloss.ctc_loss(f32, tg, il, tl, reduction="sum", fused_log_softmax=fused,
+                         backend=ctc_backend)
     assert a.dtype == torch.float32
     (ga,) = torch.autograd.grad(a, half)
     (gb,) = torch.autograd.grad(b, f32)
@@ -174,7 +179,8 @@ def test_determinism(ctc_backend):
     outs = []
     for _ in range(2):
         x = logits.clone().requires_grad_()
-        loss = seqloss.ctc_loss(x, tg, il, tl, reduction="sum", fused_log_softmax=True, backend=ctc_backend)
+        loss = seqloss.ctc_loss(x, tg, il, tl, reduction="sum", fused_log_softmax=True,
+                                backend=ctc_backend)
         (g,) = torch.autograd.grad(loss, x)
         outs.append((loss, g))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
@@ -192,9 +198,11 @@ def test_nonfinite_poisons_one_sequence(ctc_backend, fused, bad):
     lp[3, 1, 4] = bad  # read frame of sequence 1, a class outside its target maybe
     lp[10, 2, :] = float("nan")  # padding frame of sequence 2: never read
     x = lp.to(device).requires_grad_()
-    loss = seqloss.ctc_loss(x, tg, il, tl, reduction="none", fused_log_softmax=fused, backend=ctc_backend)
+    loss = seqloss.ctc_loss(x, tg, il, tl, reduction="none", fused_log_softmax=fused,
+                            backend=ctc_backend)
     (g,) = torch.autograd.grad(loss.sum(), x)
-    want = seqloss.ctc_loss(clean, tg, il, tl, reduction="none", fused_log_softmax=fused, backend="reference")
+    want = seqloss.ctc_loss(clean, tg, il, tl, reduction="none", fused_log_softmax=fused,
+                            backend="reference")
     assert torch.isnan(loss[1])
     assert torch.isnan(g[:9, 1]).all()
     assert torch.count_nonzero(g[9:, 1]) == 0
@@ -247,7 +255,9 @@ def test_huge_finite_masks_are_exact(ctc_backend, mask, dtype, fused):
 def test_all_paths_masked_is_infeasible(ctc_backend):
     device = device_for(ctc_backend)
     logits, tg, il, tl = _batch(6, 1, 4, 2, seed=10, dtype=torch.float64)
-    tg[:] = torch.tensor([1, 2]); tl[:] = 2; il[:] = 6
+    tg[:] = torch.tensor([1, 2])
+    tl[:] = 2
+    il[:] = 6
     lp = logits.log_softmax(-1)
     lp[:, :, 2] = -INF  # the target's label 2 can never be emitted
     x = lp.to(device).requires_grad_()
@@ -259,7 +269,8 @@ def test_all_paths_masked_is_infeasible(ctc_backend):
 def test_zero_frames(ctc_backend):
     device = device_for(ctc_backend)
     logits, tg, il, tl = _batch(5, 3, 4, 2, seed=11)
-    il[:] = torch.tensor([0, 0, 5]); tl[:] = torch.tensor([0, 1, 1])
+    il[:] = torch.tensor([0, 0, 5])
+    tl[:] = torch.tensor([0, 1, 1])
     x = logits.log_softmax(-1).to(device).requires_grad_()
     loss = seqloss.ctc_loss(x, tg, il, tl, reduction="none", backend=ctc_backend)
     (g,) = torch.autograd.grad(loss.sum(), x)

@@ -1,10 +1,10 @@
-"""CTC input validation: every bad input raises before any kernel runs, naming argument and index."""
+"""CTC input checks: every bad input raises before any kernel runs, naming argument and index."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-import pytest
 import seqloss
 from seqloss import InputError
 
@@ -41,7 +41,7 @@ def test_value_errors_name_argument_and_index(backend, monkeypatch):
     _value_cases(backend)
 
 
-def _no_kernel(*args):  # noqa: ANN002, ANN202
+def _no_kernel(*args):
     raise AssertionError("a kernel ran before the checks raised")
 
 
@@ -52,9 +52,12 @@ def _value_cases(backend: str) -> None:
         (dict(il=torch.tensor([8, 8, 9])), r"input_lengths\[2\] = 9 exceeds"),
         (dict(tl=torch.tensor([3, -2, 3])), r"target_lengths\[1\] = -2 is negative"),
         (dict(tl=torch.tensor([5, 3, 3])), r"target_lengths\[0\] = 5 exceeds targets.size\(1\)"),
-        (dict(tg=torch.tensor([[1, 2, 3, 0], [1, 7, 1, 1], [1, 1, 1, 1]])), r"targets\[1, 1\] = 7 is out of range"),
-        (dict(tg=torch.tensor([[1, 2, 3, 0], [1, 1, 1, 1], [1, -3, 1, 1]])), r"targets\[2, 1\] = -3 is out of range"),
-        (dict(tg=torch.tensor([[1, 0, 3, 1], [1, 1, 1, 1], [1, 1, 1, 1]])), r"targets\[0, 1\] = 0 equals blank"),
+        (dict(tg=torch.tensor([[1, 2, 3, 0], [1, 7, 1, 1], [1, 1, 1, 1]])),
+         r"targets\[1, 1\] = 7 is out of range"),
+        (dict(tg=torch.tensor([[1, 2, 3, 0], [1, 1, 1, 1], [1, -3, 1, 1]])),
+         r"targets\[2, 1\] = -3 is out of range"),
+        (dict(tg=torch.tensor([[1, 0, 3, 1], [1, 1, 1, 1], [1, 1, 1, 1]])),
+         r"targets\[0, 1\] = 0 equals blank"),
     ]
     for kw, msg in cases:
         args = dict(lp=lp, tg=tg, il=il, tl=tl) | kw

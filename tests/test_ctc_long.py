@@ -8,9 +8,9 @@ import pytest
 import torch
 
 pytest.importorskip("numba")
-from seqloss.ctc import reference as rk  # noqa: E402
-from seqloss.ctc import numba_cpu as nk  # noqa: E402
-from seqloss.testing import assert_close_budget  # noqa: E402
+from seqloss.ctc import numba_cpu as nk
+from seqloss.ctc import reference as rk
+from seqloss.testing import assert_close_budget
 
 
 def _inputs(T, B, C, S, *, seed=0, scale=1.0, min_frac=0.8):

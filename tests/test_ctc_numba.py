@@ -1,4 +1,4 @@
-"""Numba CTC kernel specifics: which path runs (fast / extended / log space) and that each is exact."""
+"""Numba CTC kernel specifics: which path runs (fast / extended / log space), each exact."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 pytest.importorskip("numba")
-from seqloss.ctc import numba_cpu as nk  # noqa: E402
-from seqloss.ctc import reference as rk  # noqa: E402
-from seqloss.testing import assert_close_budget  # noqa: E402
+from seqloss.ctc import numba_cpu as nk
+from seqloss.ctc import reference as rk
+from seqloss.testing import assert_close_budget
 
 
 def _inputs(T, B, C, S, *, seed=0, scale=2.0, min_frac=0.6):

@@ -13,7 +13,7 @@ from conftest import device_for
 
 pytest.importorskip("triton")
 triton_ctc = pytest.importorskip("seqloss.ctc.triton_cuda")
-from seqloss.ctc import reference as reference_ctc  # noqa: E402
+from seqloss.ctc import reference as reference_ctc  # noqa: E402 -- after the importorskip
 
 INF = float("inf")
 
@@ -49,7 +49,8 @@ def test_uneven_lengths_float64_exact(fused):
     want_loss, want_grad = reference_ctc.ctc_loss_forward(lp, tg, il, tl, blank, fused, True)
     loss, grad = loss.cpu(), grad.cpu()
     assert loss.dtype == torch.float64 and grad.dtype == torch.float64
-    assert loss[3].item() == INF and loss[4].item() == 0.0 and torch.isfinite(loss[[0, 1, 2, 5]]).all()
+    assert (loss[3].item() == INF and loss[4].item() == 0.0
+            and torch.isfinite(loss[[0, 1, 2, 5]]).all())
     finite = torch.isfinite(want_loss)
     assert torch.equal(finite, torch.isfinite(loss))
     err = (loss[finite] - want_loss[finite]).abs() / want_loss[finite].abs().clamp(min=1)
@@ -70,7 +71,8 @@ def test_uneven_lengths_float32_and_loss_only():
     assert empty.numel() == 0
     # The loss-only pass keeps two alpha rows instead of T: same arithmetic.
     assert torch.equal(loss_only, loss)
-    want_loss, want_grad = reference_ctc.ctc_loss_forward(lp.double(), tg, il, tl, blank, True, True)
+    want_loss, want_grad = reference_ctc.ctc_loss_forward(lp.double(), tg, il, tl, blank, True,
+                                                          True)
     finite = torch.isfinite(want_loss)
     assert torch.equal(finite, torch.isfinite(loss.cpu()))
     assert ((loss.cpu() - want_loss).abs()[finite] <= 1e-5 * want_loss[finite]).all()
@@ -93,7 +95,8 @@ def test_strided_input_and_blank_zero():
         lp = x if fused else x.log_softmax(-1)
         loss, grad = triton_ctc.ctc_loss_forward(lp.to(device), tg.to(device), il.to(device),
                                                  tl.to(device), 0, fused, True)
-        want_loss, want_grad = reference_ctc.ctc_loss_forward(lp.contiguous(), tg, il, tl, 0, fused, True)
+        want_loss, want_grad = reference_ctc.ctc_loss_forward(lp.contiguous(), tg, il, tl, 0, fused,
+                                                              True)
         assert (loss.cpu() - want_loss).abs().max().item() <= 1e-10
         assert (grad.cpu() - want_grad).abs().max().item() <= 1e-10
 

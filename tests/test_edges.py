@@ -99,7 +99,7 @@ def _per_seq(grads: list[torch.Tensor], B: int) -> list[torch.Tensor]:
     return [torch.cat([g[b].reshape(-1) for g in grads]) for b in range(B)]
 
 
-def run_ctc(spec, backend, dtype, zi, reduction, fused=False):  # noqa: ANN001, ANN201
+def run_ctc(spec, backend, dtype, zi, reduction, fused=False):
     # (T, B, C), blank 0; the sink is class 3 (0 is the blank)
     C = 4
     x = _randn(spec, (spec.T, spec.B, C), dtype)
@@ -114,7 +114,7 @@ def run_ctc(spec, backend, dtype, zi, reduction, fused=False):  # noqa: ANN001, 
     return loss, [x], lambda gs: _per_seq([gs[0].transpose(0, 1)], spec.B)
 
 
-def run_rnnt(spec, backend, dtype, zi, reduction, fused=True, inplace=False):  # noqa: ANN001, ANN201
+def run_rnnt(spec, backend, dtype, zi, reduction, fused=True, inplace=False):
     x = _joint(spec, 4, dtype).to(device_for(backend)).requires_grad_()
     y = x.clone() if inplace else x  # in place: the gradient overwrites a non-leaf
     il, tl = spec.lengths()
@@ -124,7 +124,7 @@ def run_rnnt(spec, backend, dtype, zi, reduction, fused=True, inplace=False):  #
     return loss, [x], lambda gs: _per_seq(gs, spec.B)
 
 
-def run_rnnt_packed(spec, backend, dtype, zi, reduction, fused=True):  # noqa: ANN001, ANN201
+def run_rnnt_packed(spec, backend, dtype, zi, reduction, fused=True):
     full = _joint(spec, 4, dtype)
     rows = [full[b, : spec.Tb[b], : spec.Ub[b] + 1].reshape(-1, 4) for b in range(spec.B)]
     x = torch.cat(rows).to(device_for(backend)).requires_grad_()
@@ -135,7 +135,7 @@ def run_rnnt_packed(spec, backend, dtype, zi, reduction, fused=True):  # noqa: A
     return loss, [x], lambda gs: list(torch.split(gs[0], [r.shape[0] for r in rows]))
 
 
-def run_multiblank(spec, backend, dtype, zi, reduction):  # noqa: ANN001, ANN201
+def run_multiblank(spec, backend, dtype, zi, reduction):
     x = _joint(spec, 5, dtype).to(device_for(backend)).requires_grad_()  # big blank 3, blank 4
     il, tl = spec.lengths()
     loss = seqloss.multiblank_rnnt_loss(x, spec.targets(), il, tl, [2], blank=4,
@@ -143,7 +143,7 @@ def run_multiblank(spec, backend, dtype, zi, reduction):  # noqa: ANN001, ANN201
     return loss, [x], lambda gs: _per_seq(gs, spec.B)
 
 
-def run_tdt(spec, backend, dtype, zi, reduction, omega=0.0, pair=False):  # noqa: ANN001, ANN201
+def run_tdt(spec, backend, dtype, zi, reduction, omega=0.0, pair=False):
     x = _joint(spec, 4 + 3, dtype, token_width=4).to(device_for(backend))  # blank 3, D = 3
     il, tl = spec.lengths()
     kw = dict(blank=3, omega=omega, reduction=reduction, zero_infinity=zi, backend=backend)
@@ -156,7 +156,7 @@ def run_tdt(spec, backend, dtype, zi, reduction, omega=0.0, pair=False):  # noqa
     return loss, leaves, lambda gs: _per_seq(gs, spec.B)
 
 
-def _factored(spec, dtype, backend):  # noqa: ANN001, ANN202
+def _factored(spec, dtype, backend):
     """k2's inputs: ``lm (B, S+1, C)``, ``am (B, T, C)``, termination 3, per-sequence
     lengths through the boundary; a hot sequence's frames heated in ``am``."""
     am = _randn(spec, (spec.B, spec.T, 4), dtype)
@@ -169,7 +169,7 @@ def _factored(spec, dtype, backend):  # noqa: ANN001, ANN202
     return lm.to(dev).requires_grad_(), am.to(dev).requires_grad_(), bnd.to(dev)
 
 
-def run_simple(spec, backend, dtype, zi, reduction, smoothed=False):  # noqa: ANN001, ANN201
+def run_simple(spec, backend, dtype, zi, reduction, smoothed=False):
     lm, am, bnd = _factored(spec, dtype, backend)
     sym = spec.targets().to(am.device)
     if smoothed:
@@ -181,7 +181,7 @@ def run_simple(spec, backend, dtype, zi, reduction, smoothed=False):  # noqa: AN
     return loss, [lm, am], lambda gs: _per_seq(gs, spec.B)
 
 
-def run_pruned(spec, backend, dtype, zi, reduction):  # noqa: ANN001, ANN201
+def run_pruned(spec, backend, dtype, zi, reduction):
     # s_range = S + 1 (every position): the windows keep every path
     R = spec.U + 1
     x = _randn(spec, (spec.B, spec.T, R, 4), dtype)
@@ -201,7 +201,7 @@ def _add_joint(e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     return e[:, :, None, :] + p[:, None, :, :]
 
 
-def run_from_joint(spec, backend, dtype, zi, reduction, which="rnnt"):  # noqa: ANN001, ANN201
+def run_from_joint(spec, backend, dtype, zi, reduction, which="rnnt"):
     width = {"rnnt": 4, "multiblank": 5, "tdt": 7}[which]
     enc = _randn(spec, (spec.B, spec.T, width), dtype)
     pred = _randn(spec, (spec.B, spec.U + 1, width), dtype, salt=1)
@@ -398,7 +398,7 @@ def test_zero_infinity_without_host_reads(monkeypatch, name, reduction):
 
 
 @st.composite
-def specs(draw):  # noqa: ANN001, ANN201
+def specs(draw):
     B = draw(st.integers(1, 3))
     # >= 3 frames: every path takes >= 2 arcs (a big blank or a TDT blank spans 2)
     Tb = tuple(draw(st.integers(3, 4)) for _ in range(B))

@@ -28,11 +28,11 @@ F64 = torch.float64
 
 
 # --------------------------------------------------------------------------- oracle
-def k2_log_likelihood(px, py, s0, t0, s1, t1, rnnt_type):  # noqa: ANN001, ANN201
+def k2_log_likelihood(px, py, s0, t0, s1, t1, rnnt_type):
     """log sum over k2's paths (s0, t0) -> (s1, t1) of the summed px/py scores (DFS)."""
     scores = []
 
-    def walk(s, t, acc):  # noqa: ANN001, ANN202
+    def walk(s, t, acc):
         if (s, t) == (s1, t1):
             scores.append(torch.stack(acc).sum() if acc else px.sum() * 0)
             return
@@ -51,7 +51,7 @@ def k2_log_likelihood(px, py, s0, t0, s1, t1, rnnt_type):  # noqa: ANN001, ANN20
     return torch.logsumexp(torch.stack(scores), 0)
 
 
-def _finish_px(px, py, rnnt_type, dp, t1):  # noqa: ANN001, ANN202
+def _finish_px(px, py, rnnt_type, dp, t1):
     S, T = px.shape
     if rnnt_type == "constrained":
         px = px + py[1:]
@@ -60,21 +60,22 @@ def _finish_px(px, py, rnnt_type, dp, t1):  # noqa: ANN001, ANN202
     return px
 
 
-def oracle_simple(lm, am, symbols, term, boundary, rnnt_type, dp=0.0):  # noqa: ANN001, ANN201
+def oracle_simple(lm, am, symbols, term, boundary, rnnt_type, dp=0.0):
     B, T, C = am.shape
     S = lm.shape[1] - 1
     out = []
     for b in range(B):
         s0, t0, s1, t1 = (int(v) for v in boundary[b])
         lp = torch.log_softmax(am[b][:, None, :] + lm[b][None, :, :], dim=-1)  # (T, S+1, C)
-        px = torch.stack([lp[:, s, int(symbols[b, s])] for s in range(S)]) if S else lp.new_zeros(0, T)
+        px = (torch.stack([lp[:, s, int(symbols[b, s])] for s in range(S)]) if S
+              else lp.new_zeros(0, T))
         py = lp[:, :, term].T
         px = _finish_px(px, py, rnnt_type, dp, t1)
         out.append(-k2_log_likelihood(px, py, s0, t0, s1, t1, rnnt_type))
     return torch.stack(out)
 
 
-def oracle_smoothed(lm, am, symbols, term, boundary, rnnt_type, ls, as_, dp=0.0):  # noqa: ANN001, ANN201
+def oracle_smoothed(lm, am, symbols, term, boundary, rnnt_type, ls, as_, dp=0.0):
     B, T, C = am.shape
     S = lm.shape[1] - 1
     rows = [lm[b, int(boundary[b, 0]):int(boundary[b, 2]) + 1] for b in range(B)]
@@ -86,14 +87,15 @@ def oracle_smoothed(lm, am, symbols, term, boundary, rnnt_type, ls, as_, dp=0.0)
         lm_only = torch.log_softmax(lm[b], -1)[None].expand(T, S + 1, C)
         am_only = torch.log_softmax(am[b] + unigram.log(), -1)[:, None].expand(T, S + 1, C)
         lp = (1 - ls - as_) * joint + ls * lm_only + as_ * am_only
-        px = torch.stack([lp[:, s, int(symbols[b, s])] for s in range(S)]) if S else lp.new_zeros(0, T)
+        px = (torch.stack([lp[:, s, int(symbols[b, s])] for s in range(S)]) if S
+              else lp.new_zeros(0, T))
         py = lp[:, :, term].T
         px = _finish_px(px, py, rnnt_type, dp, t1)
         out.append(-k2_log_likelihood(px, py, s0, t0, s1, t1, rnnt_type))
     return torch.stack(out)
 
 
-def oracle_pruned(logits, symbols, ranges, term, boundary, rnnt_type, dp=0.0):  # noqa: ANN001, ANN201
+def oracle_pruned(logits, symbols, ranges, term, boundary, rnnt_type, dp=0.0):
     B, T, R, C = logits.shape
     S = symbols.shape[1]
     out = []
@@ -120,7 +122,7 @@ def oracle_pruned(logits, symbols, ranges, term, boundary, rnnt_type, dp=0.0):  
 
 
 # --------------------------------------------------------------------------- inputs
-def _inputs(B=3, T=5, S=3, C=5, term=0, seed=0, scale=1.0):  # noqa: ANN001, ANN202
+def _inputs(B=3, T=5, S=3, C=5, term=0, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
     am = (scale * torch.randn(B, T, C, generator=g, dtype=F64)).requires_grad_()
     lm = (scale * torch.randn(B, S + 1, C, generator=g, dtype=F64)).requires_grad_()
@@ -129,7 +131,7 @@ def _inputs(B=3, T=5, S=3, C=5, term=0, seed=0, scale=1.0):  # noqa: ANN001, ANN
     return am, lm, symbols
 
 
-def _boundary(rnnt_type, T=5, S=3):  # noqa: ANN001, ANN202
+def _boundary(rnnt_type, T=5, S=3):
     # full; non-zero begins; ends short of the tensors; both
     rows = [[0, 0, S, T], [1, 1, S, T], [0, 0, S - 1, T - 1]]
     if rnnt_type != "regular":
@@ -137,11 +139,11 @@ def _boundary(rnnt_type, T=5, S=3):  # noqa: ANN001, ANN202
     return torch.tensor(rows, dtype=torch.int64)
 
 
-def _grads(loss, *xs):  # noqa: ANN001, ANN202
+def _grads(loss, *xs):
     return torch.autograd.grad(loss.sum(), xs)
 
 
-def _random_ranges(B, T, S, R, rnnt_type, seed=0):  # noqa: ANN001, ANN202
+def _random_ranges(B, T, S, R, rnnt_type, seed=0):
     g = torch.Generator().manual_seed(seed)
     step = R if rnnt_type == "regular" else 2
     r = torch.zeros(B, T, dtype=torch.int64)
@@ -161,7 +163,7 @@ def test_simple_against_path_enumeration(rnnt_type, dp):
                            delay_penalty=dp, reduction="none")
     want = oracle_simple(lm, am, symbols, 0, bnd, rnnt_type, dp)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm)):
+    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
 
 
@@ -184,7 +186,7 @@ def test_smoothed_against_path_enumeration(rnnt_type, scales):
                              delay_penalty=0.2, reduction="none")
     want = oracle_smoothed(lm, am, symbols, 0, bnd, rnnt_type, ls, as_, 0.2)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm)):
+    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
 
 
@@ -275,11 +277,11 @@ def test_gradcheck(rnnt_type):
     am, lm, symbols = _inputs(B=2, T=4, S=2, C=4, seed=7)
     bnd = torch.tensor([[0, 0, 2, 4], [1, 1, 2, 4]])
 
-    def simple(lm, am):  # noqa: ANN001, ANN202
+    def simple(lm, am):
         return rnnt_loss_simple(lm, am, symbols, 0, boundary=bnd, rnnt_type=rnnt_type,
                                 delay_penalty=0.1, reduction="sum")
 
-    def smoothed(lm, am):  # noqa: ANN001, ANN202
+    def smoothed(lm, am):
         return rnnt_loss_smoothed(lm, am, symbols, 0, 0.2, 0.1, boundary=bnd,
                                   rnnt_type=rnnt_type, reduction="mean")
 
@@ -300,7 +302,7 @@ def test_simple_equals_full_joint_rnnt_loss():
     want = seqloss.rnnt_loss(logits, symbols, bnd[:, 3], bnd[:, 2], blank=0, reduction="none")
     got = rnnt_loss_simple(lm, am, symbols, 0, boundary=bnd, reduction="none")
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm)):
+    for g, w in zip(_grads(got, am, lm), _grads(want, am, lm), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
 
 
@@ -328,7 +330,7 @@ def test_pruned_with_every_position_equals_the_unpruned_loss(rnnt_type):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-def _one_hot_occupations(path, S, T, regular):  # noqa: ANN001, ANN202
+def _one_hot_occupations(path, S, T, regular):
     """px_grad/py_grad of a single path given as a list of ('e'|'b', s, t)."""
     pxg = torch.zeros(1, S, T + 1 if regular else T, dtype=F64)
     pyg = torch.zeros(1, S + 1, T, dtype=F64)
@@ -337,7 +339,7 @@ def _one_hot_occupations(path, S, T, regular):  # noqa: ANN001, ANN202
     return pxg, pyg
 
 
-def _random_path(S, T, regular, g, max_per_frame):  # noqa: ANN001, ANN202
+def _random_path(S, T, regular, g, max_per_frame):
     while True:
         s = t = n = 0
         path = []
@@ -464,14 +466,14 @@ def test_compile():
     am, lm = am.detach().float().requires_grad_(), lm.detach().float().requires_grad_()
     bnd = _boundary("regular")
 
-    def f(lm, am):  # noqa: ANN001, ANN202
+    def f(lm, am):
         return rnnt_loss_simple(lm, am, symbols, 0, boundary=bnd, reduction="sum")
 
     want = f(lm, am)
     gw = _grads(want, am, lm)
     got = torch.compile(f, backend="aot_eager", fullgraph=True)(lm, am)
     torch.testing.assert_close(got, want)
-    for g, w in zip(_grads(got, am, lm), gw):
+    for g, w in zip(_grads(got, am, lm), gw, strict=True):
         torch.testing.assert_close(g, w)
 
 
@@ -482,7 +484,7 @@ def test_errors():
     B, T, C = am.shape
     S = symbols.shape[1]
 
-    def simple(**kw):  # noqa: ANN003, ANN202
+    def simple(**kw):
         args = {"lm": lm, "am": am, "symbols": symbols, "termination_symbol": 0}
         args.update(kw)
         return rnnt_loss_simple(**args)
@@ -554,8 +556,9 @@ def test_against_fast_rnnt(rnnt_type):
     am, lm, symbols = _inputs(seed=19)
     am, lm = am.detach().float(), lm.detach().float()
     bnd = _boundary(rnnt_type)
-    kw = {"rnnt_type": rnnt_type} if "rnnt_type" in fast_rnnt.rnnt_loss_simple.__code__.co_varnames \
-        else {"modified": rnnt_type == "modified"}
+    kw = ({"rnnt_type": rnnt_type}
+          if "rnnt_type" in fast_rnnt.rnnt_loss_simple.__code__.co_varnames
+          else {"modified": rnnt_type == "modified"})
     if "modified" in kw and rnnt_type == "constrained":
         pytest.skip("this fast_rnnt has no constrained topology")
     want, (pxg, pyg) = fast_rnnt.rnnt_loss_simple(lm, am, symbols, 0, boundary=bnd,
@@ -649,7 +652,7 @@ def test_zero_infinity(loss_name):
     S = symbols.shape[1]
     ranges = torch.arange(S + 1).expand(2, 5, S + 1).contiguous()
 
-    def run(zi):  # noqa: ANN001, ANN202
+    def run(zi):
         a = am.detach().clone().requires_grad_()
         m = lm.detach().clone().requires_grad_()
         if loss_name == "simple":

@@ -36,7 +36,7 @@ NAN = float("nan")
 
 
 # --------------------------------------------------------------------------- smoothed: unigram
-def _oracle_smoothed_mp(lm, am, symbols, term, boundary, rnnt_type, ls, as_):  # noqa: ANN001,ANN202
+def _oracle_smoothed_mp(lm, am, symbols, term, boundary, rnnt_type, ls, as_):
     """k2's smoothed loss by path enumeration, the unigram's log-mean-exp in mpmath (60 digits)."""
     B, T, C = am.shape
     S = lm.shape[1] - 1
@@ -78,7 +78,7 @@ def test_smoothed_unigram_does_not_underflow_in_float32(rnnt_type, scales):
     # float64 holds exp(-110): its probability-domain oracle is exact here
     want = oracle_smoothed(lm.double(), am.double(), sym, 0, bnd, rnnt_type, ls, as_).sum()
     torch.testing.assert_close(out[F64][0], want, rtol=1e-12, atol=0)
-    for got, ref in zip(out[torch.float32], out[F64]):
+    for got, ref in zip(out[torch.float32], out[F64], strict=True):
         assert torch.isfinite(got).all()
         torch.testing.assert_close(got.double(), ref, rtol=1e-6, atol=1e-6)
 
@@ -122,7 +122,7 @@ def test_smoothed_masked_class_has_zero_gradient():
 
 
 # --------------------------------------------------------------------------- pruned: narrow windows
-def fast_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):  # noqa: ANN001, ANN201
+def fast_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):
     """fast_rnnt 1.3's ``get_rnnt_prune_ranges`` (regular topology), step by step as its
     source reads: widen ``s_range`` to ``max_b (S_b - 1) // T_b + 2``, cap it at ``S + 1``,
     score each window, start the last frame at ``S_b - s_range + 1``, then the monotone
@@ -259,16 +259,16 @@ def test_pruned_nan_row_no_path_takes_gets_zero_gradient(pruned_backend, case):
     assert torch.equal(out[1][1], out[0][1])
 
 
-def _visited_rows(ranges, S, T, bnd, rt):  # noqa: ANN001, ANN202
+def _visited_rows(ranges, S, T, bnd, rt):
     """(t, k) of every window row some complete path reads, by enumeration."""
     s0, t0, s1, t1 = bnd
     used = set()
 
-    def row(s, t):  # noqa: ANN001, ANN202
+    def row(s, t):
         k = s - int(ranges[t, 0])
         return (t, k) if 0 <= k < ranges.shape[1] else None
 
-    def walk(s, t, acc):  # noqa: ANN001, ANN202
+    def walk(s, t, acc):
         if (s, t) == (s1, t1):
             used.update(acc)
             return
@@ -391,7 +391,7 @@ def test_property_padding_garbage_never_reaches_a_gradient(data, loss_name, rt, 
     lm_bad = torch.where(pos_pad[:, :, None], gl, lm)
     ranges = torch.arange(S + 1).expand(B, T, S + 1).contiguous()  # every position
 
-    def run(a, m):  # noqa: ANN001, ANN202
+    def run(a, m):
         a, m = a.clone().requires_grad_(), m.clone().requires_grad_()
         kw = {"boundary": bnd, "rnnt_type": rt, "reduction": "none"}
         if loss_name == "simple":

@@ -6,11 +6,11 @@ Each test here is one finding of the fidelity issue: it failed before the fix.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from conftest import device_for
 
-import pytest
 import seqloss
 from seqloss.testing import brute_force_ctc, brute_force_rnnt
 
@@ -123,7 +123,8 @@ def test_retain_graph_zero_grad_backward_again_ctc(ctc_backend, reduction):
     x.grad.zero_()
     loss.backward()
     torch.testing.assert_close(x.grad, first, rtol=0, atol=0)
-    torch.testing.assert_close(first.cpu(), _brute_ctc_grad(x.detach().cpu(), tg, il, tl, reduction),
+    torch.testing.assert_close(first.cpu(),
+                               _brute_ctc_grad(x.detach().cpu(), tg, il, tl, reduction),
                                rtol=1e-9, atol=1e-10)
 
 
@@ -220,7 +221,8 @@ def test_ragged_nested_targets_name_the_argument():
 def test_empty_batch_ctc(ctc_backend, reduction):
     dev = device_for(ctc_backend)
     x = torch.randn(5, 0, 4, device=dev).requires_grad_()
-    loss = seqloss.ctc_loss(x, torch.zeros(0, 2, dtype=torch.long), torch.zeros(0, dtype=torch.long),
+    loss = seqloss.ctc_loss(x, torch.zeros(0, 2, dtype=torch.long),
+                            torch.zeros(0, dtype=torch.long),
                             torch.zeros(0, dtype=torch.long), reduction=reduction,
                             backend=ctc_backend)
     if reduction == "none":
@@ -292,9 +294,11 @@ def test_ctc_align_labels_have_the_targets_dtype(ctc_backend, dtype):
 
 # ------------------------------------------------------------------ item 11: modules, func
 def test_module_repr_names_non_default_arguments():
-    assert repr(seqloss.RNNTLoss(clamp=0.5, reduction="sum")) == "RNNTLoss(clamp=0.5, reduction='sum')"
+    assert (repr(seqloss.RNNTLoss(clamp=0.5, reduction="sum"))
+            == "RNNTLoss(clamp=0.5, reduction='sum')")
     assert repr(seqloss.CTCLoss()) == "CTCLoss()"
-    assert repr(seqloss.CTCLoss(blank=3, zero_infinity=True)) == "CTCLoss(blank=3, zero_infinity=True)"
+    assert (repr(seqloss.CTCLoss(blank=3, zero_infinity=True))
+            == "CTCLoss(blank=3, zero_infinity=True)")
 
 
 @pytest.mark.parametrize("module", [seqloss.CTCLoss, seqloss.RNNTLoss])
@@ -365,7 +369,7 @@ def test_incoming_gradient_forms_scale_the_saved_one(form):
         (lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="numba"),
          lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="reference"), (ab, ae)),
     ):
-        def reduce(v):  # noqa: ANN001, ANN202
+        def reduce(v):
             if form == "sum":
                 return v.sum()
             if form == "sum_x2":
@@ -404,7 +408,7 @@ def test_packed_with_a_zero_frame_sequence(backend):
 @pytest.mark.parametrize("loss_name", ["rnnt", "tdt", "multiblank"])
 def test_logits_without_frames(backend, loss_name):
     """T = 0: every sequence has zero frames: +inf each, 0 with zero_infinity, a backward."""
-    def call(x, **kw):  # noqa: ANN001, ANN003, ANN202
+    def call(x, **kw):
         tg, il, tl = [[0, 1], [1, 0]], [0, 0], [2, 1]
         if loss_name == "rnnt":
             return seqloss.rnnt_loss(x, tg, il, tl, backend=backend, **kw)

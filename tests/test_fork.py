@@ -1,4 +1,4 @@
-"""Fork safety: every public function works in a forked DataLoader worker, with the parent's results.
+"""Fork safety: every public function gives the parent's results in a forked DataLoader worker.
 
 Two parents: one that ran a parallel torch op (torch's OpenMP pool is live when it forks), one
 that ran seqloss's own kernels (their threads, if any, are live when it forks). Each forks two
@@ -74,16 +74,18 @@ SCRIPT = textwrap.dedent(
         out = {}
         x, tg, il, tl = _ctc_batch(g)
         lp = x.log_softmax(-1)
-        out["ctc"] = _grad(lambda y: seqloss.ctc_loss(y.log_softmax(-1), tg, il, tl, reduction="none",
-                                                      backend=BK), x)
+        out["ctc"] = _grad(lambda y: seqloss.ctc_loss(y.log_softmax(-1), tg, il, tl,
+                                                      reduction="none", backend=BK), x)
         out["ctc_fused"] = _grad(lambda y: seqloss.ctc_loss(y, tg, il, tl, reduction="none",
                                                             fused_log_softmax=True, backend=BK), x)
-        out["CTCLoss"] = _grad(lambda y: seqloss.CTCLoss(backend=BK)(y.log_softmax(-1), tg, il, tl), x)
+        out["CTCLoss"] = _grad(lambda y: seqloss.CTCLoss(backend=BK)(y.log_softmax(-1), tg, il, tl),
+                               x)
         out["ctc_grad_clamp"] = _grad(
             lambda y: seqloss.ctc_loss(seqloss.grad_clamp(y, 0.05), tg, il, tl, reduction="sum",
                                        fused_log_softmax=True, backend=BK), x)
         out["ctc_align"] = seqloss.ctc_align(lp, tg, il, tl, backend=BK)
-        out["ctc_diagnose"] = json.dumps(seqloss.diagnose("ctc", lp, tg, il, tl, backend=BK).to_dict())
+        out["ctc_diagnose"] = json.dumps(seqloss.diagnose("ctc", lp, tg, il, tl,
+                                                          backend=BK).to_dict())
 
         x, tg, il, tl = _rnnt_batch(g)
         out["rnnt"] = _grad(lambda y: seqloss.rnnt_loss(y, tg, il, tl, blank=0, reduction="none",
@@ -91,7 +93,8 @@ SCRIPT = textwrap.dedent(
         out["rnnt_logprobs"] = _grad(
             lambda y: seqloss.rnnt_loss(y.log_softmax(-1), tg, il, tl, blank=0, reduction="none",
                                         fused_log_softmax=False, clamp=0.2, backend=BK), x)
-        packed = torch.cat([x[b, : il[b], : tl[b] + 1].reshape(-1, x.shape[-1]) for b in range(len(il))])
+        packed = torch.cat([x[b, : il[b], : tl[b] + 1].reshape(-1, x.shape[-1])
+                            for b in range(len(il))])
         out["rnnt_packed"] = _grad(lambda y: seqloss.rnnt_loss_packed(y, tg, il, tl, blank=0,
                                                                       reduction="none", backend=BK),
                                    packed)
@@ -109,7 +112,8 @@ SCRIPT = textwrap.dedent(
         out["multiblank"] = _grad(lambda y: seqloss.multiblank_rnnt_loss(
             y, tgm, il, tl, [2], reduction="none", backend=BK), xm)
         out["tdt"] = _grad(lambda y: seqloss.tdt_loss(y, tg.clamp(max=3), il, tl, [0, 1, 2],
-                                                      blank=4, reduction="none", backend=BK), x[..., :8])
+                                                      blank=4, reduction="none", backend=BK),
+                           x[..., :8])
         ab, ae = x[..., :1].log_softmax(1), x[..., 1:2].log_softmax(1)
         out["lattice"] = _grad(lambda y: seqloss.transducer_lattice(y, ae, il, tl, backend=BK), ab)
         a3, b3 = x[:, :, 0, :], x[:, 0, :, :].transpose(1, 2)
@@ -169,7 +173,8 @@ SCRIPT = textwrap.dedent(
         tg = rng.integers(1, C, (B, S))
         il, tl = np.full(B, T), rng.integers(0, S + 1, B)
         labels, scores = np.zeros((B, T), np.int64), np.zeros((B, T))
-        run_jobs(align.ctc_align_kernel, (lp, tg, il, tl, 0, labels, scores), range(B), order=il * tl)
+        run_jobs(align.ctc_align_kernel, (lp, tg, il, tl, 0, labels, scores), range(B),
+                 order=il * tl)
         return len(set(ran.values())), labels, scores
 
 

@@ -176,7 +176,7 @@ def test_errors_match_the_full_joint():
 
 def test_plain_callable_joint_and_retain_graph():
     joint, enc, pred, tg, Tl, tl = _case()
-    fn = lambda e, p: joint(e, p)  # noqa: E731  # not a Module: inner backward into .grad
+    fn = lambda e, p: joint(e, p)  # not a Module: inner backward into .grad
     loss = seqloss.rnnt_loss_from_joint(enc, pred, fn, tg, Tl, tl, chunk_elements=2 * V)
     loss.backward(retain_graph=True)
     loss.backward()  # a second backward doubles every gradient
@@ -337,7 +337,8 @@ def test_no_tile_still_gives_every_parameter_a_gradient(empty):
     gradient (zero), so a data-parallel rank without data joins the reduction."""
     joint, enc, pred, tg, Tl, tl = _case()
     if empty == "batch":
-        enc, pred, tg = enc[:0].detach().requires_grad_(), pred[:0].detach().requires_grad_(), tg[:0]
+        enc, pred, tg = (enc[:0].detach().requires_grad_(), pred[:0].detach().requires_grad_(),
+                         tg[:0])
         Tl, tl = Tl[:0], tl[:0]
     else:
         Tl = torch.zeros_like(Tl)

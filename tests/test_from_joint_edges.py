@@ -42,7 +42,7 @@ class Joint(nn.Module):
         return x
 
 
-def _loss(kind: str, x, tg, Tl, tl, **kw):  # noqa: ANN001, ANN202
+def _loss(kind: str, x, tg, Tl, tl, **kw):
     """The loss of ``kind`` on logits ``x``, or from the joint when ``x`` is a tuple."""
     if isinstance(x, tuple):
         if kind == "rnnt":
@@ -58,7 +58,7 @@ def _loss(kind: str, x, tg, Tl, tl, **kw):  # noqa: ANN001, ANN202
     return seqloss.tdt_loss(x, tg, Tl, tl, DURS, omega=0.3, **kw)
 
 
-def _case(kind, Tl, tl, T, U, V=6, He=3, Hp=4, H=5, seed=0, divide=False, dtype=torch.float64):  # noqa: ANN001, ANN202
+def _case(kind, Tl, tl, T, U, V=6, He=3, Hp=4, H=5, seed=0, divide=False, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     W = V + (len(DURS) if kind == "tdt" else 0)
@@ -73,7 +73,7 @@ def _case(kind, Tl, tl, T, U, V=6, He=3, Hp=4, H=5, seed=0, divide=False, dtype=
     return joint, enc, pred, tg, torch.tensor(Tl), torch.tensor(tl)
 
 
-def _pad(enc, pred, Tl, tl, fill_e, fill_p):  # noqa: ANN001, ANN202
+def _pad(enc, pred, Tl, tl, fill_e, fill_p):
     """Copies with every padded frame set to ``fill_e``, every padded row to ``fill_p``."""
     enc, pred = enc.clone(), pred.clone()
     for b in range(len(Tl)):
@@ -82,7 +82,7 @@ def _pad(enc, pred, Tl, tl, fill_e, fill_p):  # noqa: ANN001, ANN202
     return enc, pred
 
 
-def _oracle(kind, joint, enc, pred, tg, Tl, tl):  # noqa: ANN001, ANN202
+def _oracle(kind, joint, enc, pred, tg, Tl, tl):
     """Per-sequence materialized losses (zero-frame sequences: 0, no gradient), their
     gradients w.r.t. encoder, predictor (zero on padding) and the joint's parameters."""
     e = enc.detach().clone().requires_grad_()
@@ -106,7 +106,7 @@ def _oracle(kind, joint, enc, pred, tg, Tl, tl):  # noqa: ANN001, ANN202
     return torch.stack(losses), grads
 
 
-def _ours(kind, joint, enc, pred, tg, Tl, tl, backend, chunk):  # noqa: ANN001, ANN202
+def _ours(kind, joint, enc, pred, tg, Tl, tl, backend, chunk):
     dev = device_for(backend)
     joint = joint.to(dev)
     e = enc.detach().to(dev).requires_grad_()
@@ -118,7 +118,7 @@ def _ours(kind, joint, enc, pred, tg, Tl, tl, backend, chunk):  # noqa: ANN001, 
     return lo.detach().cpu(), [gr.cpu() for gr in grads]
 
 
-def _check(ours, oracle, Tl, tl):  # noqa: ANN001, ANN202
+def _check(ours, oracle, Tl, tl):
     (lo, grads), (lr, gref) = ours, oracle
     torch.testing.assert_close(lo, lr, rtol=1e-9, atol=1e-9)
     for gr, want in zip(grads, gref, strict=True):

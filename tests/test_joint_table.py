@@ -7,10 +7,10 @@ The variant here exists for this test only: RNN-T plus one extra blank-like clas
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import device_for
 
-import pytest
 from seqloss.testing import brute_force_lattice
 from seqloss.transducer.joint.api import joint_loss
 from seqloss.transducer.joint.table import Arc, JointTable

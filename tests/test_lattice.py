@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import device_for
 
-import pytest
 import seqloss
 from seqloss.testing import brute_force_lattice
 

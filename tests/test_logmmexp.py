@@ -33,7 +33,7 @@ def _exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(a[..., :, :, None] + b[..., None, :, :], dim=-2)
 
 
-def _exact_grads(a, b, g):  # noqa: ANN001, ANN202
+def _exact_grads(a, b, g):
     a = a.detach().cpu().double().requires_grad_()
     b = b.detach().cpu().double().requires_grad_()
     out = torch.logsumexp(a[..., :, :, None] + b[..., None, :, :], dim=-2)
@@ -41,7 +41,7 @@ def _exact_grads(a, b, g):  # noqa: ANN001, ANN202
     return a.grad, b.grad
 
 
-def _weighted_sums(a, b, g):  # noqa: ANN001, ANN202
+def _weighted_sums(a, b, g):
     """The gradients written out: ``sum_j g exp(a + b - out)`` (no weight where out = -inf)."""
     a, b, g = a.detach().double(), b.detach().double(), g.double()
     out = _exact(a, b)
@@ -50,7 +50,7 @@ def _weighted_sums(a, b, g):  # noqa: ANN001, ANN202
     return w.sum(-1), w.sum(-3)
 
 
-def _run(a, b, backend, g=None):  # noqa: ANN001, ANN202
+def _run(a, b, backend, g=None):
     dev = device_for(backend)
     a = a.detach().to(dev).requires_grad_()
     b = b.detach().to(dev).requires_grad_()
@@ -62,7 +62,7 @@ def _run(a, b, backend, g=None):  # noqa: ANN001, ANN202
     return out.detach().cpu(), a.grad.cpu(), b.grad.cpu(), g.double()
 
 
-def _check(a, b, backend, *, scale: float, dead_zero: bool = False):  # noqa: ANN001
+def _check(a, b, backend, *, scale: float, dead_zero: bool = False):
     """Values and gradients against the float64 oracle of the same (rounded) inputs.
 
     Budget: the output carries the rounding of sums of magnitude ``scale`` in the
@@ -103,7 +103,7 @@ def test_seed_case_is_log2_minus_1000(backend, dtype):
     torch.testing.assert_close(gb, torch.tensor([[0.5], [0.5]], dtype=dtype), rtol=0, atol=tol)
 
 
-def _cases(backend: str):  # noqa: ANN202
+def _cases(backend: str):
     if backend == "triton":  # the interpreter is slow: few, small cases
         return [(2, 5, 1, 3), (1, 9, 37, 6)]
     return [(2, 5, 1, 3), (3, 17, 64, 9), (2, 33, 300, 12)]

@@ -88,7 +88,8 @@ def _run(x, tg, il, tl, bb, backend, **kw):
 CASES = [
     pytest.param(dict(bb=(2, 3)), dict(reduction="none"), id="default-none"),
     pytest.param(dict(bb=(2, 4), seed=1), dict(sigma=0.1, reduction="sum"), id="sigma-sum"),
-    pytest.param(dict(bb=(3,), seed=2), dict(fastemit_lambda=0.25, reduction="mean"), id="fastemit-mean"),
+    pytest.param(dict(bb=(3,), seed=2), dict(fastemit_lambda=0.25, reduction="mean"),
+                 id="fastemit-mean"),
     pytest.param(dict(bb=(2, 3), seed=3), dict(clamp=0.05, sigma=0.05, reduction="mean_volume"),
                  id="clamp-mean-volume"),
     pytest.param(dict(bb=(2,), seed=4, blank=3, n_big=1), dict(blank=3, reduction="none"),
@@ -195,7 +196,8 @@ def test_batched_equals_per_sequence(rnnt_backend):
         lb, gb = _run(xb, tg[b : b + 1, : tl[b]], il[b : b + 1], tl[b : b + 1], [2, 3],
                       rnnt_backend, reduction="none", sigma=0.1)
         assert_close_budget(loss[b : b + 1], lb, rtol=1e-12, what=f"loss {b}")
-        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-10, atol=1e-14, what=f"grad {b}")
+        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-10, atol=1e-14,
+                            what=f"grad {b}")
 
 
 def test_inputs_int32_lists_and_noncontiguous():

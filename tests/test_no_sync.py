@@ -12,10 +12,10 @@ import contextlib
 import os
 import sys
 
+import pytest
 import torch
 from conftest import device_for
 
-import pytest
 import seqloss
 from seqloss._core import checks
 

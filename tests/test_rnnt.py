@@ -1,16 +1,16 @@
-"""RNN-T: every backend against brute force, golden values, gradcheck and the contract's edge cases."""
+"""RNN-T: each backend against brute force, golden values, gradcheck, the contract's edge cases."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import device_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-import pytest
 import seqloss
-from seqloss.transducer import op as _ops
 from seqloss.testing import assert_close_budget, brute_force_rnnt
+from seqloss.transducer import op as _ops
 
 INF = float("inf")
 NAN = float("nan")
@@ -92,7 +92,8 @@ def test_brute_force(rnnt_backend, case, fused):
     blank = case[3]
     if not fused:
         x = x.log_softmax(-1)
-    loss, g = _loss_grad(x[None].to(device), torch.tensor([target], dtype=torch.long).reshape(1, -1),
+    loss, g = _loss_grad(x[None].to(device),
+                         torch.tensor([target], dtype=torch.long).reshape(1, -1),
                          [case[0]], [case[1]], rnnt_backend, blank=blank, fused_log_softmax=fused)
     # Autograd through the enumeration and the occupation formula agree.
     xo = x.clone().requires_grad_()
@@ -157,13 +158,15 @@ def test_golden_small(rnnt_backend, fused, dtype):
     x = torch.tensor([_ACTS], dtype=torch.float64)
     if not fused:
         x = x.log_softmax(-1)
-    loss, g = _loss_grad(x.to(device=device, dtype=dtype), torch.tensor([[1, 2]], dtype=torch.int32),
+    loss, g = _loss_grad(x.to(device=device, dtype=dtype),
+                         torch.tensor([[1, 2]], dtype=torch.int32),
                          torch.tensor([2], dtype=torch.int32), torch.tensor([2], dtype=torch.int32),
                          rnnt_backend, reduction="sum", blank=0, fused_log_softmax=fused)
     want_g = torch.tensor([_GRAD_LOGITS if fused else _GRAD_LOGPROBS], dtype=torch.float64)
     assert loss.dtype == dtype
     assert abs(loss.item() - _COST) <= 1e-6
-    assert_close_budget(g, want_g, rtol=0, atol=2e-7 if dtype == torch.float64 else 5e-7, what="grad")
+    assert_close_budget(g, want_g, rtol=0, atol=2e-7 if dtype == torch.float64 else 5e-7,
+                        what="grad")
 
 
 # ------------------------------------------------------------------ gradcheck
@@ -175,7 +178,7 @@ def test_gradcheck(rnnt_backend, fused):
     shape, pad_u = ((1, 2, 1, 3), 0) if rnnt_backend == "triton" else ((2, 3, 2, 4), 1)
     x, tg, il, tl = _batch(*shape, seed=3, dtype=torch.float64, device=device, pad_t=1, pad_u=pad_u)
     lp = (x if fused else x.log_softmax(-1)).detach().requires_grad_()
-    f = lambda z: seqloss.rnnt_loss(z, tg, il, tl, blank=0, reduction="none",  # noqa: E731
+    f = lambda z: seqloss.rnnt_loss(z, tg, il, tl, blank=0, reduction="none",
                                     fused_log_softmax=fused, backend=rnnt_backend)
     assert torch.autograd.gradcheck(f, (lp,), eps=1e-6, atol=1e-8, rtol=1e-6)
 
@@ -191,7 +194,8 @@ def test_packed_equals_padded(rnnt_backend, fused):
     loss, g = _loss_grad(x, tg, il, tl, rnnt_backend, **kw)
     xp = _pack(x, il, tl).requires_grad_()
     for targets in (tg, torch.cat([tg[b, : tl[b]] for b in range(4)])):
-        lp = seqloss.rnnt_loss_packed(xp, targets, il, tl, reduction="none", backend=rnnt_backend, **kw)
+        lp = seqloss.rnnt_loss_packed(xp, targets, il, tl, reduction="none", backend=rnnt_backend,
+                                      **kw)
         (gp,) = torch.autograd.grad(lp.sum(), xp)
         assert torch.equal(lp, loss) if rnnt_backend != "reference" else True
         assert_close_budget(lp, loss, rtol=1e-12, what="loss")
@@ -208,11 +212,13 @@ def test_batched_equals_per_sequence(rnnt_backend):
     il[:], tl[:] = torch.tensor([12, 1, 7, 3]), torch.tensor([6, 0, 2, 6])
     loss, g = _loss_grad(x, tg, il, tl, rnnt_backend, blank=-1)
     for b in range(4):
-        lb, gb = _loss_grad(x[b : b + 1, : il[b], : tl[b] + 1], tg[b : b + 1, : tl[b]], il[b : b + 1],
-                            tl[b : b + 1], rnnt_backend, blank=-1)
+        lb, gb = _loss_grad(x[b : b + 1, : il[b], : tl[b] + 1], tg[b : b + 1, : tl[b]],
+                            il[b : b + 1], tl[b : b + 1], rnnt_backend, blank=-1)
         assert_close_budget(loss[b : b + 1], lb, rtol=1e-6, what=f"loss {b}")
-        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-5, atol=1e-7, what=f"grad {b}")
-        assert torch.count_nonzero(g[b, il[b]:]) == 0 and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-5, atol=1e-7,
+                            what=f"grad {b}")
+        assert (torch.count_nonzero(g[b, il[b]:]) == 0
+                and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0)
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -222,7 +228,8 @@ def test_matches_reference_float64(rnnt_backend, reduction):
     il[:] = torch.tensor([20, 1, 13, 20, 4])
     tl[:] = torch.tensor([8, 0, 8, 1, 3])
     kw = dict(blank=0, reduction=reduction, clamp=0.05, fastemit_lambda=0.01)
-    a = seqloss.rnnt_loss(x.requires_grad_(), tg.int(), il.int(), tl.int(), backend=rnnt_backend, **kw)
+    a = seqloss.rnnt_loss(x.requires_grad_(), tg.int(), il.int(), tl.int(), backend=rnnt_backend,
+                          **kw)
     (ga,) = torch.autograd.grad(a.sum(), x)
     b = seqloss.rnnt_loss(x, tg, il.tolist(), tl.tolist(), backend="reference", **kw)
     (gb,) = torch.autograd.grad(b.sum(), x)
@@ -239,7 +246,8 @@ def test_against_torchaudio(rnnt_backend):
     il[1], tl[2] = 9, 3
     for fused in (True, False):
         xi = x if fused else x.log_softmax(-1)
-        ours, go = _loss_grad(xi, tg, il, tl, rnnt_backend, reduction="sum", fused_log_softmax=fused)
+        ours, go = _loss_grad(xi, tg, il, tl, rnnt_backend, reduction="sum",
+                              fused_log_softmax=fused)
         xt = xi.detach().clone().requires_grad_()
         ref = F.rnnt_loss(xt, tg.int(), il.int(), tl.int(), blank=0, reduction="sum",
                           fused_log_softmax=fused)
@@ -269,7 +277,8 @@ def test_half_equals_float32_on_rounded(rnnt_backend, dtype, fused):
     lp = x if fused else x.log_softmax(-1)
     half = lp.to(dtype).to(device)
     a, ga = _loss_grad(half, tg, il, tl, rnnt_backend, reduction="sum", fused_log_softmax=fused)
-    b, gb = _loss_grad(half.float(), tg, il, tl, rnnt_backend, reduction="sum", fused_log_softmax=fused)
+    b, gb = _loss_grad(half.float(), tg, il, tl, rnnt_backend, reduction="sum",
+                       fused_log_softmax=fused)
     assert a.dtype == torch.float32 and ga.dtype == dtype
     assert_close_budget(a, b, rtol=1e-6, what="loss")
     eps = torch.finfo(dtype).eps
@@ -313,7 +322,8 @@ def test_nan_padding_is_never_read(rnnt_backend, fused):
     assert torch.equal(loss, clean)
     assert torch.equal(g, gc)
     for b in range(3):
-        assert torch.count_nonzero(g[b, il[b]:]) == 0 and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+        assert (torch.count_nonzero(g[b, il[b]:]) == 0
+                and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
@@ -340,8 +350,10 @@ def test_neg_inf_is_a_valid_log_prob(rnnt_backend):
     for fused in (True, False):
         xi = x.clone() if fused else x.log_softmax(-1)
         xi[..., 4] = -INF  # class 4 masked out, never a target
-        loss, g = _loss_grad(xi.to(device), tg, il, tl, rnnt_backend, blank=0, fused_log_softmax=fused)
-        want, wg = _loss_grad(xi[..., :4], tg, il, tl, "reference", blank=0, fused_log_softmax=fused)
+        loss, g = _loss_grad(xi.to(device), tg, il, tl, rnnt_backend, blank=0,
+                             fused_log_softmax=fused)
+        want, wg = _loss_grad(xi[..., :4], tg, il, tl, "reference", blank=0,
+                              fused_log_softmax=fused)
         assert torch.isfinite(loss).all() and torch.isfinite(g).all()
         assert torch.count_nonzero(g[..., 4]) == 0
         assert_close_budget(loss, want, rtol=1e-12, what="loss")
@@ -354,12 +366,14 @@ def test_infeasible_and_zero_frames(rnnt_backend, zero_infinity):
     x, tg, il, tl = _batch(4, 6, 3, 5, seed=15, dtype=torch.float64)
     il[:], tl[:] = torch.tensor([6, 0, 0, 6]), torch.tensor([3, 0, 2, 2])
     x[3, :, :, 0] = -INF  # sequence 3: blank impossible everywhere -> no path ends
-    loss, g = _loss_grad(x.to(device), tg, il, tl, rnnt_backend, blank=0, zero_infinity=zero_infinity)
+    loss, g = _loss_grad(x.to(device), tg, il, tl, rnnt_backend, blank=0,
+                         zero_infinity=zero_infinity)
     z = 0.0 if zero_infinity else INF
     assert loss[1].item() == z and loss[2].item() == z and loss[3].item() == z
     assert torch.isfinite(loss[0])
     assert torch.count_nonzero(g[1:]) == 0 and torch.isfinite(g).all()
-    mean = seqloss.rnnt_loss(x, tg, il, tl, blank=0, backend=rnnt_backend, zero_infinity=zero_infinity)
+    mean = seqloss.rnnt_loss(x, tg, il, tl, blank=0, backend=rnnt_backend,
+                             zero_infinity=zero_infinity)
     assert mean.item() == (loss.sum() / 4).item()
 
 
@@ -407,7 +421,8 @@ def test_inplace_refused_when_logits_saved(rnnt_backend):
 
 
 def _max_alloc(fn) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as p:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as p:
         fn()
     return max((e.cpu_memory_usage for e in p.events()), default=0)
 
@@ -450,21 +465,28 @@ def test_errors():
         f(x, tg, il, tl, blank=6)
     with pytest.raises(seqloss.InputError, match="reduction"):
         f(x, tg, il, tl, reduction="avg")
-    bad = il.clone(); bad[1] = 6
+    bad = il.clone()
+    bad[1] = 6
     with pytest.raises(seqloss.InputError, match=r"logit_lengths\[1\] = 6 exceeds"):
         f(x, tg, bad, tl)
-    bad = il.clone(); bad[2] = -1
+    bad = il.clone()
+    bad[2] = -1
     with pytest.raises(seqloss.InputError, match=r"logit_lengths\[2\] = -1 is negative"):
         f(x, tg, bad, tl)
-    bad = tl.clone(); bad[1] = 4
-    with pytest.raises(seqloss.InputError, match=r"target_lengths\[1\] = 4 exceeds targets.size\(1\)"):
+    bad = tl.clone()
+    bad[1] = 4
+    with pytest.raises(seqloss.InputError,
+                       match=r"target_lengths\[1\] = 4 exceeds targets.size\(1\)"):
         f(x, tg, il, bad)
-    with pytest.raises(seqloss.InputError, match=r"target_lengths\[0\] = 3 exceeds logits.size\(2\) - 1"):
+    with pytest.raises(seqloss.InputError,
+                       match=r"target_lengths\[0\] = 3 exceeds logits.size\(2\) - 1"):
         f(x[:, :, :3], tg, il, tl)
-    bad = tg.clone(); bad[2, 1] = 0
+    bad = tg.clone()
+    bad[2, 1] = 0
     with pytest.raises(seqloss.InputError, match=r"targets\[2, 1\] = 0 equals blank"):
         f(x, bad, il, tl, blank=0)
-    bad = tg.clone(); bad[1, 0] = 6
+    bad = tg.clone()
+    bad[1, 0] = 6
     with pytest.raises(seqloss.InputError, match=r"targets\[1, 0\] = 6 is out of range"):
         f(x, bad, il, tl, blank=0)
     with pytest.raises(seqloss.InputError, match="fastemit_lambda"):
@@ -515,7 +537,8 @@ def test_opcheck(rnnt_backend):
     args = (x, tg, il, tl, 0, -1.0, True, 0.0, "none", False, rnnt_backend, True, True)
     torch.library.opcheck(_ops.rnnt_loss_op, args)
     xp = _pack(x.detach(), il, tl).requires_grad_()
-    torch.library.opcheck(_ops.rnnt_loss_op, (xp, tg, il, tl, 0, 0.2, False, 0.1, "mean", True, rnnt_backend, True, True))
+    torch.library.opcheck(_ops.rnnt_loss_op, (xp, tg, il, tl, 0, 0.2, False, 0.1, "mean", True,
+                                              rnnt_backend, True, True))
 
 
 # ------------------------------------------------------------------ hypothesis
@@ -531,7 +554,8 @@ def test_opcheck(rnnt_backend):
 def test_hypothesis_numba_vs_reference(B, T, U, V, blank_last, fused, seed):
     pytest.importorskip("numba")
     blank = V - 1 if blank_last else 0
-    x, tg, il, tl = _batch(B, T, U, V, blank=blank, seed=seed, dtype=torch.float64, scale=3.0, pad_t=1)
+    x, tg, il, tl = _batch(B, T, U, V, blank=blank, seed=seed, dtype=torch.float64, scale=3.0,
+                           pad_t=1)
     if not fused:
         x = x.log_softmax(-1)
     a, ga = _loss_grad(x, tg, il, tl, "numba", blank=blank, fused_log_softmax=fused)
@@ -546,7 +570,7 @@ def test_inplace_grad_under_compile_is_a_graph_break():
     x, tg, il, tl = _batch(2, 6, 3, 5, seed=20)
     w = torch.eye(x.shape[-1]).requires_grad_()
 
-    def f(x, w):  # noqa: ANN001, ANN202
+    def f(x, w):
         return seqloss.rnnt_loss(x @ w, tg, il, tl, blank=0, backend="numba", inplace_grad=True)
 
     want = f(x, w)

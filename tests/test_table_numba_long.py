@@ -107,7 +107,8 @@ def _check(loss, g, want, want_g, occ, il, tl, dtype):
     err = (g.double() - want_g).abs()
     if dtype == torch.float64:
         assert_close_budget(loss, want, rtol=1e-11, what="loss")
-        assert bool((err <= 1e-9 * want_g.abs() + 1e-12 * row).all()), float((err / row).nan_to_num().max())
+        assert bool((err <= 1e-9 * want_g.abs() + 1e-12 * row).all()), float(
+            (err / row).nan_to_num().max())
         return
     assert_close_budget(loss.double(), want, rtol=1e-5, what="loss")
     # The wide dynamic range the test is for: rows far below float32's range come out

@@ -74,7 +74,8 @@ def _oracle(x, tg, il, tl, durs, *, blank=-1, sigma=0.0, omega=0.0, clamp=-1.0, 
                 ae = torch.stack([lpy - sigma + lpd[..., k] for k in range(D)], -1)
                 ll = brute_force_lattice(ab, ae, Tb, Ub, bdurs, tuple(durs))
             else:
-                ll = brute_force_lattice(lpt[..., blank : blank + 1], lpy[..., None], Tb, Ub, (1,), (0,))
+                ll = brute_force_lattice(lpt[..., blank : blank + 1], lpy[..., None], Tb, Ub, (1,),
+                                         (0,))
             g = torch.zeros_like(z)
             if torch.isfinite(ll):
                 (g,) = torch.autograd.grad(-ll, z)
@@ -112,7 +113,8 @@ def _run(x, tg, il, tl, durs, backend, *, pair=False, **kw):
 
 CASES = [
     pytest.param(dict(), dict(durs=[0, 1, 2], reduction="none"), id="default-none"),
-    pytest.param(dict(D=4, seed=1), dict(durs=[0, 1, 2, 3], sigma=0.1, reduction="sum"), id="sigma-sum"),
+    pytest.param(dict(D=4, seed=1), dict(durs=[0, 1, 2, 3], sigma=0.1, reduction="sum"),
+                 id="sigma-sum"),
     pytest.param(dict(seed=2), dict(durs=[0, 1, 3], omega=0.3, clamp=0.05, reduction="mean"),
                  id="omega-clamp-mean"),
     pytest.param(dict(seed=3, D=2), dict(durs=[0, 1], omega=0.5, sigma=0.05,
@@ -191,8 +193,9 @@ def test_gradcheck(rnnt_backend, pair):
     if pair:
         D = len(durs)
         a, b = x[..., :-D].clone().requires_grad_(), x[..., -D:].clone().requires_grad_()
-        assert torch.autograd.gradcheck(lambda p, q: seqloss.tdt_loss((p, q), tg, il, tl, durs, **kw),
-                                        (a, b), eps=1e-6, atol=1e-8, rtol=1e-6)
+        assert torch.autograd.gradcheck(
+            lambda p, q: seqloss.tdt_loss((p, q), tg, il, tl, durs, **kw), (a, b), eps=1e-6,
+            atol=1e-8, rtol=1e-6)
     else:
         x = x.requires_grad_()
         assert torch.autograd.gradcheck(lambda z: seqloss.tdt_loss(z, tg, il, tl, durs, **kw),
@@ -213,7 +216,8 @@ def test_half_equals_float32_on_rounded(rnnt_backend, dtype):
         assert a.dtype == torch.float32 and ga.dtype == dtype
         assert_close_budget(a, b, rtol=1e-6, what="loss")
         eps = torch.finfo(dtype).eps
-        assert_close_budget(ga.float(), gb.to(dtype).float(), rtol=eps, atol=eps * 1e-2, what="grad")
+        assert_close_budget(ga.float(), gb.to(dtype).float(), rtol=eps, atol=eps * 1e-2,
+                            what="grad")
 
 
 def test_determinism(rnnt_backend):
@@ -271,7 +275,8 @@ def test_batched_equals_per_sequence(rnnt_backend):
         lb, gb = _run(xb, tg[b : b + 1, : tl[b]], il[b : b + 1], tl[b : b + 1], [0, 1, 2],
                       rnnt_backend, **kw)
         assert_close_budget(loss[b : b + 1], lb, rtol=1e-12, what=f"loss {b}")
-        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-10, atol=1e-14, what=f"grad {b}")
+        assert_close_budget(g[b, : il[b], : tl[b] + 1], gb[0], rtol=1e-10, atol=1e-14,
+                            what=f"grad {b}")
 
 
 def test_inputs_int32_lists_and_noncontiguous():
@@ -293,7 +298,8 @@ def test_empty_batch():
     for logits, leaves in ((x, (x,)), ((a, b), (a, b))):
         loss = seqloss.tdt_loss(logits, tg, [], [], [0, 1], omega=0.5, backend="numba")
         grads = torch.autograd.grad(loss, leaves)
-        assert loss.item() == 0.0 and all(g.shape == t.shape for g, t in zip(grads, leaves))
+        assert loss.item() == 0.0 and all(g.shape == t.shape
+                                          for g, t in zip(grads, leaves, strict=True))
 
 
 @pytest.mark.parametrize("pair", [False, True], ids=["joint", "pair"])
@@ -310,11 +316,11 @@ def test_torch_compile_fullgraph(rnnt_backend, pair):
 
     cf = torch.compile(f, fullgraph=True, backend="aot_eager")
     leaves = lambda: (x[..., :5].clone().requires_grad_(), x[..., 5:].clone().requires_grad_()) \
-        if pair else (x.clone().requires_grad_(),)  # noqa: E731
+        if pair else (x.clone().requires_grad_(),)
     l1, l2 = leaves(), leaves()
     a, b = f(*l1), cf(*l2)
     g1, g2 = torch.autograd.grad(a, l1), torch.autograd.grad(b, l2)
-    assert torch.equal(a, b) and all(torch.equal(p, q) for p, q in zip(g1, g2))
+    assert torch.equal(a, b) and all(torch.equal(p, q) for p, q in zip(g1, g2, strict=True))
 
 
 def test_opcheck():
@@ -324,7 +330,8 @@ def test_opcheck():
     ints, floats = table.encode()
     rest = (tg, il, tl, ints, floats, 0.25, "mean", False, "reference", True, True)
     torch.library.opcheck(_tdt.tdt_loss_op, (x, *rest))
-    a, b = x[..., :5].detach().clone().requires_grad_(), x[..., 5:].detach().clone().requires_grad_()
+    a, b = (x[..., :5].detach().clone().requires_grad_(),
+            x[..., 5:].detach().clone().requires_grad_())
     torch.library.opcheck(_tdt.tdt_pair_loss_op, (a, b, *rest))
 
 
@@ -380,7 +387,8 @@ def test_errors():
     with pytest.raises(seqloss.InputError, match=r"target_lengths\[1\] = 5 exceeds"):
         f(x, tg, il, [2, 5, 0], durs)
     tok, dur = x[..., :6], x[..., 6:]
-    with pytest.raises(seqloss.InputError, match=r"duration_logits.size\(-1\) = 3 must equal len\(durations\) = 4"):
+    with pytest.raises(seqloss.InputError,
+                       match=r"duration_logits.size\(-1\) = 3 must equal len\(durations\) = 4"):
         f((tok, dur), tg, il, tl, [0, 1, 2, 3])
     with pytest.raises(seqloss.InputError, match="duration_logits must have shape"):
         f((tok, dur[:, :-1]), tg, il, tl, durs)

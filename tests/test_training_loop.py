@@ -25,19 +25,19 @@ TG = torch.tensor([[1, 2, 3], [2, 3, 1], [3, 1, 2]])  # no repeats: CTC feasible
 IL, TL = torch.tensor([6, 5, 4]), torch.tensor([3, 2, 3])
 
 
-def _ctc(x):  # noqa: ANN001, ANN202  x (B, T, V): a transposed (T, B, V) view, as models give
+def _ctc(x):  # x (B, T, V): a transposed (T, B, V) view, as models give
     return seqloss.ctc_loss(x.log_softmax(-1).transpose(0, 1), TG, IL, TL)
 
 
-def _ctc_fused(x):  # noqa: ANN001, ANN202
+def _ctc_fused(x):
     return seqloss.ctc_loss(x.transpose(0, 1), TG, IL, TL, fused_log_softmax=True)
 
 
-def _joint(x):  # noqa: ANN001, ANN202  (B, T, V) -> (B, T, U+1, V) logits
+def _joint(x):  # (B, T, V) -> (B, T, U+1, V) logits
     return x[:, :, None, :] + x[:, : U + 1, None, :].transpose(1, 2) * 0.5
 
 
-def _rnnt(x):  # noqa: ANN001, ANN202
+def _rnnt(x):
     return seqloss.rnnt_loss(_joint(x), TG, IL, TL, clamp=0.5)
 
 
@@ -46,51 +46,52 @@ ROWS = torch.cat([((b * T + torch.arange(int(IL[b]))[:, None]) * (U + 1)
                    + torch.arange(int(TL[b]) + 1)).reshape(-1) for b in range(B)])
 
 
-def _packed(x):  # noqa: ANN001, ANN202
+def _packed(x):
     rows = _joint(x).reshape(-1, V)[ROWS]
     return seqloss.rnnt_loss_packed(rows, TG, IL, TL, reduction="sum")
 
 
-def _multiblank(x):  # noqa: ANN001, ANN202
+def _multiblank(x):
     return seqloss.multiblank_rnnt_loss(_joint(x), TG, IL, TL, [2, 3], reduction="mean_volume")
 
 
-def _tdt(x):  # noqa: ANN001, ANN202
+def _tdt(x):
     return seqloss.tdt_loss(_joint(x), TG, IL, TL, [0, 1, 2], blank=5, omega=0.2)
 
 
-def _tdt_pair(x):  # noqa: ANN001, ANN202
+def _tdt_pair(x):
     j = _joint(x)
     return seqloss.tdt_loss((j[..., :6], j[..., 6:]), TG, IL, TL, [0, 1, 2], blank=5)
 
 
-def _lattice(x):  # noqa: ANN001, ANN202
+def _lattice(x):
     j = _joint(x).log_softmax(-1)
     return -seqloss.transducer_lattice(j[..., :2], j[..., 2:4], IL, TL, (1, 2), (0, 1)).sum()
 
 
-def _logmmexp(x):  # noqa: ANN001, ANN202
+def _logmmexp(x):
     # Not a loss: the result has the input's dtype (bfloat16 under autocast).
     return seqloss.logmmexp(x, x.transpose(1, 2)).float().logsumexp((-1, -2)).sum()
 
 
-def _simple(x):  # noqa: ANN001, ANN202
+def _simple(x):
     return seqloss.rnnt_loss_simple(x[:, : U + 1] * 0.5, x, TG, 0)
 
 
-def _smoothed(x):  # noqa: ANN001, ANN202
+def _smoothed(x):
     return seqloss.rnnt_loss_smoothed(x[:, : U + 1] * 0.5, x, TG, 0, rnnt_type="modified")
 
 
-RANGES = torch.stack([torch.clamp(torch.arange(T) // 2, max=U - 1)] * B)[..., None] + torch.arange(2)
+RANGES = (torch.stack([torch.clamp(torch.arange(T) // 2, max=U - 1)] * B)[..., None]
+          + torch.arange(2))
 
 
-def _pruned(x):  # noqa: ANN001, ANN202
+def _pruned(x):
     am, lm = seqloss.do_rnnt_pruning(x, x[:, : U + 1] * 0.5, RANGES)
     return seqloss.rnnt_loss_pruned(am + lm, TG, RANGES, 0)
 
 
-def _from_joint(x):  # noqa: ANN001, ANN202
+def _from_joint(x):
     return seqloss.rnnt_loss_from_joint(x, x[:, : U + 1] * 0.5,
                                         lambda e, p: e[:, :, None] + p[:, None], TG, IL, TL)
 
@@ -100,11 +101,11 @@ CASES = {f.__name__[1:]: f for f in (_ctc, _ctc_fused, _rnnt, _packed, _multibla
                                      _pruned, _from_joint)}
 
 
-def _x(dtype=torch.float32):  # noqa: ANN202
+def _x(dtype=torch.float32):
     return torch.randn(B, T, V, generator=torch.Generator().manual_seed(1), dtype=dtype)
 
 
-def _value_and_grad(f, x):  # noqa: ANN001, ANN202
+def _value_and_grad(f, x):
     x = x.detach().clone().requires_grad_()
     loss = f(x)
     (g,) = torch.autograd.grad(loss, x)
@@ -158,12 +159,12 @@ def test_retain_graph_second_backward(name):
 # The same losses with their differentiable inputs as leaves (what torch's own CTC tests
 # do): the gradient a backward hands on becomes the leaf's ``.grad`` itself, so it must be
 # a plain tensor that a user may zero, and never the op's saved one while the graph is kept.
-def _leaf(*shape):  # noqa: ANN002, ANN202
+def _leaf(*shape):
     g = torch.Generator().manual_seed(sum(shape))
     return torch.randn(*shape, generator=g).requires_grad_()
 
 
-def _joint_leaf(v=V):  # noqa: ANN001, ANN202
+def _joint_leaf(v=V):
     return _joint(_leaf(B, T, v)).detach().requires_grad_()
 
 

@@ -49,7 +49,8 @@ LATTICES = [
 ]
 
 
-@pytest.mark.parametrize("durs", LATTICES, ids=[f"b{d[0]}e{d[1]}".replace(" ", "") for d in LATTICES])
+@pytest.mark.parametrize("durs", LATTICES,
+                         ids=[f"b{d[0]}e{d[1]}".replace(" ", "") for d in LATTICES])
 def test_lattice_matches_reference(durs):
     bd, ed = durs
     B, T, U1 = 5, 9, 5
@@ -60,7 +61,7 @@ def test_lattice_matches_reference(durs):
     ab_p, ae_p = _poison_unread(ab, ae, il, tl)
     got = LAT.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, True)
     names = ("log_likelihood", "occ_blank", "occ_emit")
-    for name, a, e in zip(names, got, want):
+    for name, a, e in zip(names, got, want, strict=True):
         assert a.dtype == torch.float64 and a.shape == e.shape
         assert_close_budget(a, e, rtol=1e-10, atol=1e-10, what=name)
     assert got[0][4].item() == -INF  # no frame, no path
@@ -83,10 +84,12 @@ def test_lattice_infeasible_and_float32():
     ab[1] = -INF  # no blank arc: never reaches the last frame
     il = torch.tensor([6, 6, 3])
     tl = torch.tensor([3, 2, 3])
-    ll, ob, oe = LAT.transducer_lattice(ab.float().to(DEVICE), ae.float().to(DEVICE), il, tl, bd, ed, True)
+    ll, ob, oe = LAT.transducer_lattice(ab.float().to(DEVICE), ae.float().to(DEVICE), il, tl, bd,
+                                        ed, True)
     want = lattice_ref.transducer_lattice(ab.float(), ae.float(), il, tl, bd, ed, True)
     assert ll.dtype == torch.float32
-    assert ll[1].item() == -INF and torch.count_nonzero(ob[1]) == 0 and torch.count_nonzero(oe[1]) == 0
+    assert (ll[1].item() == -INF and torch.count_nonzero(ob[1]) == 0
+            and torch.count_nonzero(oe[1]) == 0)
     assert_close_budget(ll, want[0], rtol=1e-6, what="ll")
     assert_close_budget(ob, want[1], rtol=0, atol=1e-6, what="occ_blank")
     assert_close_budget(oe, want[2], rtol=0, atol=1e-6, what="occ_emit")
@@ -101,7 +104,7 @@ def test_lattice_noncontiguous_arcs():
     abt = ab.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
     aet = ae.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
     got = LAT.transducer_lattice(abt.to(DEVICE), aet.to(DEVICE), il, tl, bd, ed, True)
-    for a, e in zip(got, want):
+    for a, e in zip(got, want, strict=True):
         assert_close_budget(a, e, rtol=1e-12, atol=1e-15, what="lattice")
 
 
@@ -138,7 +141,8 @@ def test_half_inputs(dtype, fused):
     assert loss.dtype == torch.float32 and g.dtype == dtype
     assert torch.equal(loss, loss32)
     assert torch.equal(g, g32.to(dtype))
-    want, _ = _fwd(joint_ref, xh.double().cpu(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
+    want, _ = _fwd(joint_ref, xh.double().cpu(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1,
+                   scale=0.5)
     assert_close_budget(loss, want, rtol=1e-5, what="loss")
 
 
@@ -181,7 +185,8 @@ def test_nan_sequence_leaves_others_alone(fused):
     assert torch.equal(loss[[1, 3]], clean_l[[1, 3]]) and torch.equal(g[[1, 3]], clean_g[[1, 3]])
     for b in (0, 2):
         assert torch.isnan(g[b, : il[b], : tl[b] + 1]).all()
-        assert torch.count_nonzero(g[b, il[b]:]) == 0 and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+        assert (torch.count_nonzero(g[b, il[b]:]) == 0
+                and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0)
 
 
 def test_extreme_scale_and_neg_inf_rows():

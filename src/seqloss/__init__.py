@@ -18,17 +18,17 @@ from .transducer import (
     tdt_loss,
     transducer_lattice,
 )
-from .transducer.from_joint import (
-    multiblank_rnnt_loss_from_joint,
-    rnnt_loss_from_joint,
-    tdt_loss_from_joint,
-)
 from .transducer.factored import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
     rnnt_loss_pruned,
     rnnt_loss_simple,
     rnnt_loss_smoothed,
+)
+from .transducer.from_joint import (
+    multiblank_rnnt_loss_from_joint,
+    rnnt_loss_from_joint,
+    tdt_loss_from_joint,
 )
 
 __version__ = "0.1.0"

@@ -40,7 +40,7 @@ def _fail(prog: str, message: str, status: int = EXIT_USAGE) -> int:
     return status
 
 
-def _console():  # noqa: ANN202 - rich Console
+def _console():  # -> a rich Console (rich imported on first use)
     from rich.console import Console
 
     c = Console()
@@ -67,7 +67,7 @@ def _numpy_globals() -> list:
         core = np.core  # numpy < 2
     ints = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
             np.bool_)
-    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,  # noqa: SLF001
+    return [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype,
             *ints, *(type(np.dtype(t)) for t in ints)]
 
 
@@ -84,12 +84,13 @@ def _load_args(path: str) -> dict | str:
         return f"cannot read {path}: no such file"
     except IsADirectoryError:
         return f"cannot read {path}: it is a directory"
-    except Exception as e:  # noqa: BLE001 - any load failure is "unreadable"
+    except Exception as e:  # noqa: BLE001 -- any load failure is "unreadable"
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch's message has colours
         first = text.splitlines()[0] if text else type(e).__name__
         return f"cannot read {path} as a torch.save'd file ({first})"
     if not isinstance(obj, dict):
-        return f"{path} holds a {type(obj).__name__}, expected a dict of loss arguments with a 'kind'"
+        return (f"{path} holds a {type(obj).__name__}, "
+                "expected a dict of loss arguments with a 'kind'")
     kind = obj.get("kind")
     from ._core.registry import NAMES
 
@@ -164,8 +165,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                       TimeElapsedColumn(), console=console, transient=True) as progress:
             task = progress.add_task(f"{loss} ({args.sizes})", total=len(cs) * len(impls))
             rows = mod.run(cs, repeat=args.repeats, memory=args.memory, impls=impls,
-                           log=lambda line: progress.update(task, advance=1,
-                                                            description=line.strip()))
+                           log=lambda line, task=task: progress.update(task, advance=1,
+                                                                       description=line.strip()))
         pairs = mod.pair_rows(rows)
         table = Table(title=f"{loss}: {args.sizes} sizes, float32, CPU, forward + backward",
                       caption="ratio = peer time / seqloss time (> 1: seqloss is faster); "

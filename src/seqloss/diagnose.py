@@ -190,7 +190,8 @@ class Diagnosis:
         right = set(range(len(cols) - 1))
 
         def line(cells: list[str]) -> str:
-            out = [c.rjust(w) if i in right else c for i, (c, w) in enumerate(zip(cells, widths))]
+            out = [c.rjust(w) if i in right else c
+                   for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
             return "  ".join(out).rstrip()
 
         body = [line(cols)] + [line(r) for r in rows]
@@ -252,14 +253,17 @@ def _verdict(
         return "nonfinite", f"non-finite input: {nonfinite.where()} -> NaN loss and gradient"
     if not s_feasible:
         if kind == "ctc":
-            why = f"{L} labels + {repeats} repeat{'s' * (repeats > 1)}" if repeats else f"{L} labels"
+            why = (f"{L} labels + {repeats} repeat{'s' * (repeats > 1)}" if repeats
+                   else f"{L} labels")
             msg = f"infeasible: needs {needed} frames ({why}), has {given}"
         else:
             msg = "infeasible: zero frames (a transducer needs at least one)"
-        tail = " -> loss 0 (zero_infinity), zero gradient" if zero_infinity else " -> +inf loss, zero gradient"
+        tail = (" -> loss 0 (zero_infinity), zero gradient" if zero_infinity
+                else " -> +inf loss, zero gradient")
         return "infeasible", msg + tail
     if math.isnan(loss):
-        return "nonfinite", "NaN loss without non-finite input (please report this as a seqloss bug)"
+        return "nonfinite", ("NaN loss without non-finite input "
+                             "(please report this as a seqloss bug)")
     if math.isinf(loss):
         return "warning", (
             "warning: +inf loss though feasible: every alignment crosses a -inf log-probability "
@@ -509,5 +513,5 @@ def _backend_name(a: dict, device: torch.device) -> str:
 
     try:
         return resolve_backend(a.get("backend", "auto"), device)
-    except Exception:  # noqa: BLE001 - the loss already ran; the name is informative only
+    except Exception:  # noqa: BLE001 -- the loss already ran; the name is informative only
         return str(a.get("backend", "auto"))

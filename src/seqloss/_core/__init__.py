@@ -1,1 +1,1 @@
-"""Shared machinery: errors, argument checks, dispatch, reductions, op helpers, the family registry."""
+"""Shared machinery: errors, checks, dispatch, reductions, op helpers, the family registry."""

@@ -126,7 +126,8 @@ def as_index_tensor(
 
 def check_ndim(x: torch.Tensor, name: str, ndims: Sequence[int], what: str) -> None:
     if x.dim() not in ndims:
-        raise InputError(f"{name} must be {what}, got a {x.dim()}-D tensor of shape {tuple(x.shape)}")
+        raise InputError(f"{name} must be {what}, got a {x.dim()}-D tensor of shape "
+                         f"{tuple(x.shape)}")
 
 
 def check_batch(x: torch.Tensor, name: str, batch: int) -> torch.Tensor:
@@ -234,7 +235,8 @@ def check_ids(
         v = int(host[i])
         where = f"{name}[{i}] (batch item {b}, position {s})"
     if v in blanks:
-        what = f"blank = {v}" if len(blanks) == 1 else f"the blank-like class {v} (blanks: {blanks})"
+        what = (f"blank = {v}" if len(blanks) == 1
+                else f"the blank-like class {v} (blanks: {blanks})")
         raise InputError(f"{where} = {v} equals {what}; targets may not contain blank")
     raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
 
@@ -265,7 +267,8 @@ def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:
         if t.dtype not in INDEX_DTYPES:
             raise InputTypeError(f"targets must hold ints, got {t.dtype}")
         return t.to(device=device, dtype=torch.int64)
-    raise InputTypeError(f"targets must be an int tensor or a sequence of ints, got {type(targets).__name__}")
+    raise InputTypeError("targets must be an int tensor or a sequence of ints, "
+                         f"got {type(targets).__name__}")
 
 
 def check_float_arg(x: object, name: str, *, low: float | None = None) -> float:

@@ -19,11 +19,11 @@ class _GradClamp(torch.autograd.Function):
         return x.view_as(x)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         ctx.clamp = inputs[1]
 
     @staticmethod
-    def backward(ctx, g: Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: Tensor):
         # NaN gradients stay NaN: clamping must not hide a poisoned sequence.
         return g.clamp(-ctx.clamp, ctx.clamp), None
 

@@ -16,9 +16,9 @@ from .ops import _no_double_backward, batch_product, grads_to_hand_on
 
 grad_enabled = torch.is_grad_enabled
 compiling = torch.compiler.is_compiling
-transforms_active = torch._C._are_functorch_transforms_active  # noqa: SLF001
-is_functional = torch._is_functional_tensor  # noqa: SLF001
-wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # noqa: SLF001
+transforms_active = torch._C._are_functorch_transforms_active
+is_functional = torch._is_functional_tensor
+wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 # os.environ.get costs ~0.6 us; its backing dict (kept in step by os.environ's setters)
 # ~0.05 us. A lane only runs where SEQLOSS_BACKEND leaves the default: unset, "" or
@@ -47,11 +47,11 @@ def freed_graph() -> RuntimeError:
 
 class _NoDoubleBackward(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, g):  # noqa: ANN001, ANN205, ARG004
+    def forward(ctx, x, g):
         return g.clone()
 
     @staticmethod
-    def backward(ctx, _g):  # noqa: ANN001, ANN205
+    def backward(ctx, _g):
         _no_double_backward(ctx, _g)
 
 

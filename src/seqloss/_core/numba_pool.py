@@ -52,8 +52,9 @@ os.register_at_fork(after_in_child=_forget_pool)
 def _pool(workers: int) -> ThreadPoolExecutor:
     global _POOL
     with _LOCK:
-        if _POOL is None or _POOL._max_workers < workers:  # noqa: SLF001
-            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="seqloss")
+        if _POOL is None or _POOL._max_workers < workers:
+            old, _POOL = _POOL, ThreadPoolExecutor(max_workers=workers,
+                                                   thread_name_prefix="seqloss")
             if old is not None:
                 old.shutdown(wait=False)  # its queued jobs still run, then its threads exit
         return _POOL
@@ -61,7 +62,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
 
 def run_jobs(fn: Callable[..., None], args: tuple, jobs: Sequence[int],
              order: Sequence[float] | np.ndarray | None = None) -> None:
-    """Call ``fn(*args, job)`` for every ``job`` in ``jobs``, on ``torch.get_num_threads()`` threads.
+    """Call ``fn(*args, job)`` for each ``job`` in ``jobs`` on ``torch.get_num_threads()`` threads.
 
     Args:
         fn: a GIL-free (``njit(nogil=True)``) function; each call must write only its

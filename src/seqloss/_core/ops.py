@@ -47,7 +47,7 @@ def _(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
     return torch.empty_like(grad)
 
 
-def _no_double_backward(ctx, g):  # noqa: ANN001
+def _no_double_backward(ctx, g):
     raise RuntimeError(
         "seqloss: double backward is not supported (the loss's gradient is computed "
         "in the forward pass and is not itself differentiable)"
@@ -59,7 +59,7 @@ scale_grad.register_autograd(_no_double_backward)
 
 # Whether the running backward keeps the graph (``retain_graph=True``); where torch does not
 # say, assume it does (the safe answer: a fresh product instead of the saved gradient).
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph",  # noqa: SLF001
+_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph",
                       lambda: True)
 
 
@@ -77,7 +77,7 @@ def _all_ones(g: Tensor) -> bool:
 
 
 def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: bool,
-                    batch_scale=None) -> Tensor:  # noqa: ANN001
+                    batch_scale=None) -> Tensor:
     """The gradient a loss op's backward returns: the saved one times the incoming one.
 
     The usual ``loss.backward()`` on a reduced loss has an incoming gradient of 1:
@@ -93,7 +93,7 @@ def grad_to_hand_on(grad: Tensor, grad_loss: Tensor, batch_dim: int, validate: b
 
 
 def grads_to_hand_on(grads: tuple[Tensor, ...], grad_loss: Tensor, batch_dim: int,
-                     validate: bool, batch_scale=None) -> tuple[Tensor, ...]:  # noqa: ANN001
+                     validate: bool, batch_scale=None) -> tuple[Tensor, ...]:
     """``grad_to_hand_on`` for several saved gradients of one op (one incoming gradient,
     so one decision and one value check for all of them)."""
     if (validate and not torch.is_grad_enabled() and not _is_traced(grad_loss)
@@ -147,7 +147,8 @@ def poison_nonfinite(
     if time_dim > batch_dim:
         frame_max = frame_max.transpose(0, 1)
     T = frame_max.shape[0]
-    valid = torch.arange(T, device=frame_max.device)[:, None] < lengths.to(frame_max.device)[None, :]
+    valid = (torch.arange(T, device=frame_max.device)[:, None]
+             < lengths.to(frame_max.device)[None, :])
     frame_bad = ~(frame_max < float("inf")) & valid
     bad = frame_bad.any(dim=0)
     if checks.host_side(log_probs) and not bool(bad.any()):
@@ -162,10 +163,10 @@ def poison_nonfinite(
 
 
 def _functorch_wrapped(t: Tensor) -> bool:
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
+    return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def _loss_backward(ctx, grad_loss: Tensor | None) -> Tensor | None:  # noqa: ANN001
+def _loss_backward(ctx, grad_loss: Tensor | None) -> Tensor | None:
     if grad_loss is None:
         return None
     (grad,) = ctx.saved_tensors
@@ -190,7 +191,7 @@ class _EagerLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, spec, x):  # noqa: ANN001, ANN205
+    def forward(ctx, spec, x):
         impl, batch_dim, per_batch, rest = spec
         out = impl(x, *rest)
         ctx.batch_dim, ctx.per_batch, ctx.validate = batch_dim, per_batch, rest[-1]
@@ -203,21 +204,21 @@ class _EagerLoss(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss, _grad_grad):
         return None, _loss_backward(ctx, grad_loss)
 
 
-def c_apply(cls: type[torch.autograd.Function]):  # noqa: ANN201
+def c_apply(cls: type[torch.autograd.Function]):
     """``cls``'s C++ ``apply``, without ``Function.apply``'s Python wrapper (~1 us a call,
     which binds default arguments for ``setup_context`` and unwraps dead functorch
     wrappers: neither applies with no functorch transform active). Call it through
     ``apply_eagerly``."""
-    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)  # noqa: SLF001
+    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
 
 
-def apply_eagerly(cls: type[torch.autograd.Function], fast, *args):  # noqa: ANN001, ANN201
+def apply_eagerly(cls: type[torch.autograd.Function], fast, *args):
     """``cls.apply(*args)``; ``fast`` (``c_apply(cls)``) when no functorch transform is active."""
-    if not torch._C._are_functorch_transforms_active():  # noqa: SLF001
+    if not torch._C._are_functorch_transforms_active():
         return fast(*args)
     return cls.apply(*args)
 
@@ -230,11 +231,11 @@ class _FuncLoss(torch.autograd.Function):
     ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
 
     @staticmethod
-    def forward(spec, x):  # noqa: ANN001, ANN205
+    def forward(spec, x):
         return spec[0](x, *spec[3])
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         spec = inputs[0]
         ctx.batch_dim, ctx.per_batch, ctx.validate = spec[1], spec[2], spec[3][-1]
         ctx.set_materialize_grads(False)
@@ -243,7 +244,7 @@ class _FuncLoss(torch.autograd.Function):
     backward = _EagerLoss.backward
 
 
-def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple[Tensor, Tensor]:
     """Run a loss: the registered ``op`` while tracing, ``impl`` behind an
     ``autograd.Function`` eagerly.
 
@@ -255,7 +256,7 @@ def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple
         return op(x, *rest)
     if _functorch_wrapped(x):
         return _FuncLoss.apply((impl, batch_dim, per_batch, rest), x)
-    if isinstance(x, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(x):  # noqa: SLF001
+    if isinstance(x, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(x):
         return op(x, *rest)
     if not rest[-2]:  # no gradient wanted: no autograd wrapper either
         return impl(x, *rest)
@@ -275,6 +276,6 @@ def _is_traced(t: Tensor) -> bool:
     return (
         torch.compiler.is_compiling()
         or isinstance(t, (FakeTensor, FunctionalTensor))
-        or torch._is_functional_tensor(t)  # noqa: SLF001
-        or torch._C._functorch.is_functorch_wrapped_tensor(t)  # noqa: SLF001
+        or torch._is_functional_tensor(t)
+        or torch._C._functorch.is_functorch_wrapped_tensor(t)
     )

@@ -49,10 +49,10 @@ def _interpreter_compat() -> None:
     if install is None or getattr(install, "_seqloss_compat", False):
         return
 
-    def _index(self) -> int:  # noqa: ANN001
+    def _index(self) -> int:
         return int(self.handle.data.item())
 
-    def _patch_lang_tensor(tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def _patch_lang_tensor(tensor, *args, **kwargs):
         out = install(tensor, *args, **kwargs)
         tensor.__index__ = _index
         return out

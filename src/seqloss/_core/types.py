@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Union
+from typing import Literal
 
 import numpy as np
 import torch
@@ -19,4 +19,4 @@ TRANSDUCER_REDUCTIONS: tuple[str, ...] = (*REDUCTIONS, "mean_volume")
 
 # Lengths: an int32/int64 tensor, a numpy integer array or a sequence of ints (an
 # int for unbatched input).
-IntsLike = Union[torch.Tensor, np.ndarray, Sequence[int], int]
+IntsLike = torch.Tensor | np.ndarray | Sequence[int] | int

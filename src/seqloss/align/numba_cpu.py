@@ -18,7 +18,7 @@ from .._core.numba_pool import own_lines, run_jobs
 
 
 @numba.njit(nogil=True, cache=True)
-def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, scores, b):  # noqa: ANN001
+def ctc_align_kernel(lp, targets, input_lengths, target_lengths, blank, labels, scores, b):
     """Sequence ``b``: forward max recursion, then backtrack.
 
     ``lp (T, B, C)`` float32/float64, any strides; ``targets (B, S)`` int64.

@@ -78,7 +78,8 @@ def ctc_align_forward(
     delta = neg.clone()
     delta[:, : min(2, K)] = e[0, :, : min(2, K)]
     bp = torch.zeros((T, B, K), dtype=torch.int8, device=device)
-    one, two = torch.ones((), dtype=torch.int8, device=device), torch.full((), 2, dtype=torch.int8, device=device)
+    one, two = (torch.ones((), dtype=torch.int8, device=device),
+                torch.full((), 2, dtype=torch.int8, device=device))
     for t in range(1, T):
         x0 = delta
         x1 = _shift_right(delta, 1)

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
+from .._core import triton_compat  # noqa: F401 -- the interpreter fixes, before any launch
 
 
 @triton.jit
@@ -110,7 +110,7 @@ def ctc_align_backtrack_kernel(
         s = s - step.to(tl.int64)
 
 
-def _device_guard(x: torch.Tensor):  # noqa: ANN202
+def _device_guard(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 

@@ -125,7 +125,8 @@ def peak_memory_subprocess(
     return None
 
 
-def mem_child_main(impls: dict[str, Factory], argv: Sequence[str], threads: int | None = None) -> None:
+def mem_child_main(impls: dict[str, Factory], argv: Sequence[str],
+                   threads: int | None = None) -> None:
     """Child side of ``peak_memory_subprocess``: ``argv = [impl, case_json]``."""
     impl, case = argv[0], json.loads(argv[1])
     if threads:
@@ -139,7 +140,8 @@ def mem_child_main(impls: dict[str, Factory], argv: Sequence[str], threads: int 
 
 # --------------------------------------------------------------------------- reporting
 def machine_info() -> dict:
-    info = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    info = {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as f:
             txt = f.read()

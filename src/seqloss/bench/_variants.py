@@ -67,12 +67,12 @@ def _grad_of(make_inputs: Callable[[dict], dict],
              loss_fn: Callable[[dict], Callable]) -> _common.Factory:
     """``loss_fn(d) -> (x -> loss)`` into a factory of one forward + backward."""
 
-    def factory(case: dict):  # noqa: ANN202
+    def factory(case: dict):
         d = make_inputs(case)
         x = d["logits"].requires_grad_()
         call = loss_fn(d)
 
-        def fn():  # noqa: ANN202
+        def fn():
             return torch.autograd.grad(call(x), x)[0]
 
         return fn
@@ -112,7 +112,7 @@ class Variant:
         return out
 
     def run(self, case_list: list[dict], repeat: int = 5, memory: bool = True,
-            impls: list[str] | None = None, log=print,  # noqa: ANN001
+            impls: list[str] | None = None, log=print,
             with_slow: bool = False) -> list[dict]:
         """One row per (case, implementation): ``case, B..V, impl, ms, times_ms, peak_mib``."""
         available = self.implementations(with_slow or bool(impls and self.slow & set(impls)))
@@ -248,7 +248,7 @@ def tdt_inputs(case: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- implementations
-def _rnnt(d: dict):  # noqa: ANN202
+def _rnnt(d: dict):
     import seqloss
 
     V = d["logits"].shape[-1]
@@ -256,7 +256,7 @@ def _rnnt(d: dict):  # noqa: ANN202
                                        blank=V - 1, reduction="sum")
 
 
-def _seqloss_multiblank(d: dict):  # noqa: ANN202
+def _seqloss_multiblank(d: dict):
     import seqloss
 
     return lambda x: seqloss.multiblank_rnnt_loss(
@@ -264,7 +264,7 @@ def _seqloss_multiblank(d: dict):  # noqa: ANN202
         blank=d["blank"], reduction="sum")
 
 
-def _nemo_multiblank(d: dict):  # noqa: ANN202
+def _nemo_multiblank(d: dict):
     from ..testing import nemo_rnnt_pytorch
 
     loss = nemo_rnnt_pytorch().MultiblankRNNTLossPytorch(d["blank"], BIG_BLANK_DURATIONS,
@@ -273,14 +273,14 @@ def _nemo_multiblank(d: dict):  # noqa: ANN202
     return lambda x: loss(acts=x, labels=tg, act_lens=il, label_lens=tl)
 
 
-def _seqloss_tdt(d: dict):  # noqa: ANN202
+def _seqloss_tdt(d: dict):
     import seqloss
 
     return lambda x: seqloss.tdt_loss(x, d["targets"], d["logit_lengths"], d["target_lengths"],
                                       TDT_DURATIONS, blank=d["blank"], reduction="sum")
 
 
-def _transformers_tdt(d: dict):  # noqa: ANN202
+def _transformers_tdt(d: dict):
     from transformers.loss.loss_tdt import tdt_loss
 
     vt = d["num_tokens"]
@@ -290,7 +290,7 @@ def _transformers_tdt(d: dict):  # noqa: ANN202
                               durations=TDT_DURATIONS, reduction="sum")
 
 
-def _nemo_tdt(d: dict):  # noqa: ANN202
+def _nemo_tdt(d: dict):
     from ..testing import nemo_rnnt_pytorch
 
     loss = nemo_rnnt_pytorch().TDTLossPytorch(d["blank"], TDT_DURATIONS, reduction="sum")

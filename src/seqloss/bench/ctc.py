@@ -148,7 +148,8 @@ def _optax(case: dict):
 
     @jax.jit
     def value_and_grad(z):
-        return jax.value_and_grad(lambda z: optax.ctc_loss(z, logit_pad, labels, label_pad).sum())(z)
+        return jax.value_and_grad(
+            lambda z: optax.ctc_loss(z, logit_pad, labels, label_pad).sum())(z)
 
     def fn():
         _, g = value_and_grad(logits)
@@ -212,7 +213,8 @@ def pair_rows(rows: list[dict]) -> list[dict]:
 
 PAIR_COLUMNS = [
     ("case", "case", ""), ("input", "input", ""), ("seqloss", "seqloss", ""), ("peer", "peer", ""),
-    ("seqloss_ms", "seqloss ms", ".1f"), ("peer_ms", "peer ms", ".1f"), ("ratio", "peer/seqloss", ".2f"),
+    ("seqloss_ms", "seqloss ms", ".1f"), ("peer_ms", "peer ms", ".1f"),
+    ("ratio", "peer/seqloss", ".2f"),
     ("seqloss_mib", "seqloss MiB", ".1f"), ("peer_mib", "peer MiB", ".1f"),
 ]
 

@@ -67,7 +67,7 @@ def make_inputs(case: dict) -> dict:
     }
 
 
-def _lib(name: str):  # noqa: ANN202
+def _lib(name: str):
     if name == "seqloss":
         import seqloss
 
@@ -77,15 +77,15 @@ def _lib(name: str):  # noqa: ANN202
     return fast_rnnt
 
 
-def _kw(lib, rnnt_type: str = "regular") -> dict:  # noqa: ANN001
+def _kw(lib, rnnt_type: str = "regular") -> dict:
     return {} if lib.__name__ == "fast_rnnt" else {"rnnt_type": rnnt_type}
 
 
-def _simple(lib_name: str):  # noqa: ANN202
-    def factory(case: dict):  # noqa: ANN202
+def _simple(lib_name: str):
+    def factory(case: dict):
         lib, d = _lib(lib_name), make_inputs(case)
 
-        def fn():  # noqa: ANN202
+        def fn():
             loss = lib.rnnt_loss_simple(d["lm"], d["am"], d["symbols"], 0, d["boundary"],
                                         reduction="sum", **_kw(lib))
             return torch.autograd.grad(loss, (d["am"], d["lm"]))
@@ -95,11 +95,11 @@ def _simple(lib_name: str):  # noqa: ANN202
     return factory
 
 
-def _smoothed(lib_name: str):  # noqa: ANN202
-    def factory(case: dict):  # noqa: ANN202
+def _smoothed(lib_name: str):
+    def factory(case: dict):
         lib, d = _lib(lib_name), make_inputs(case)
 
-        def fn():  # noqa: ANN202
+        def fn():
             loss = lib.rnnt_loss_smoothed(d["lm"], d["am"], d["symbols"], 0, 0.1, 0.1,
                                           d["boundary"], reduction="sum", **_kw(lib))
             return torch.autograd.grad(loss, (d["am"], d["lm"]))
@@ -109,19 +109,19 @@ def _smoothed(lib_name: str):  # noqa: ANN202
     return factory
 
 
-def _ranges(lib, d: dict) -> torch.Tensor:  # noqa: ANN001
+def _ranges(lib, d: dict) -> torch.Tensor:
     _, (px_grad, py_grad) = lib.rnnt_loss_simple(
         d["lm"].detach(), d["am"].detach(), d["symbols"], 0, d["boundary"], reduction="sum",
         return_grad=True, **_kw(lib))
     return lib.get_rnnt_prune_ranges(px_grad, py_grad, d["boundary"], d["s_range"])
 
 
-def _pruned_step(lib_name: str):  # noqa: ANN202
-    def factory(case: dict):  # noqa: ANN202
+def _pruned_step(lib_name: str):
+    def factory(case: dict):
         lib, d = _lib(lib_name), make_inputs(case)
         ranges = _ranges(lib, d)
 
-        def fn():  # noqa: ANN202
+        def fn():
             am_p, lm_p = lib.do_rnnt_pruning(d["am"], d["lm"], ranges)
             loss = lib.rnnt_loss_pruned(am_p + lm_p, d["symbols"], ranges, 0, d["boundary"],
                                         reduction="sum", **_kw(lib))
@@ -132,11 +132,11 @@ def _pruned_step(lib_name: str):  # noqa: ANN202
     return factory
 
 
-def _pipeline(lib_name: str):  # noqa: ANN202
-    def factory(case: dict):  # noqa: ANN202
+def _pipeline(lib_name: str):
+    def factory(case: dict):
         lib, d = _lib(lib_name), make_inputs(case)
 
-        def fn():  # noqa: ANN202
+        def fn():
             simple, (px_grad, py_grad) = lib.rnnt_loss_simple(
                 d["lm"], d["am"], d["symbols"], 0, d["boundary"], reduction="sum",
                 return_grad=True, **_kw(lib))
@@ -151,14 +151,14 @@ def _pipeline(lib_name: str):  # noqa: ANN202
     return factory
 
 
-def _full_joint(case: dict):  # noqa: ANN202
+def _full_joint(case: dict):
     import seqloss
 
     d = make_inputs(case)
     B, T, S = case["B"], case["T"], case["S"]
     il, tl = torch.full((B,), T), torch.full((B,), S)
 
-    def fn():  # noqa: ANN202
+    def fn():
         logits = d["am"][:, :, None, :] + d["lm"][:, None, :, :]
         loss = seqloss.rnnt_loss(logits, d["symbols"], il, tl, blank=0, reduction="sum")
         return torch.autograd.grad(loss, (d["am"], d["lm"]))
@@ -195,7 +195,7 @@ def implementations(with_slow: bool = False) -> dict[str, _common.Factory]:
 
 
 def run(case_list: list[dict], repeat: int = 5, memory: bool = True, impls: list[str] | None = None,
-        log=print, with_slow: bool = False) -> list[dict]:  # noqa: ANN001
+        log=print, with_slow: bool = False) -> list[dict]:
     """One row per (case, implementation): ``case, B, T, S, C, s_range, impl, ms, peak_mib``."""
     available = implementations()
     names = [n for n in (impls or list(available)) if n in available]

@@ -55,13 +55,13 @@ def make_inputs(case: dict) -> dict:
     }
 
 
-def _grad_of(loss_fn):  # noqa: ANN001, ANN202
-    def factory(case: dict):  # noqa: ANN202
+def _grad_of(loss_fn):
+    def factory(case: dict):
         d = make_inputs(case)
         x = d["logits"].requires_grad_()
         call = loss_fn(d)
 
-        def fn():  # noqa: ANN202
+        def fn():
             return torch.autograd.grad(call(x), x)[0]
 
         return fn
@@ -70,7 +70,7 @@ def _grad_of(loss_fn):  # noqa: ANN001, ANN202
 
 
 @_grad_of
-def _seqloss(d: dict):  # noqa: ANN202
+def _seqloss(d: dict):
     import seqloss
 
     return lambda x: seqloss.rnnt_loss(x, d["targets"], d["logit_lengths"], d["target_lengths"],
@@ -78,7 +78,7 @@ def _seqloss(d: dict):  # noqa: ANN202
 
 
 @_grad_of
-def _torchaudio(d: dict):  # noqa: ANN202
+def _torchaudio(d: dict):
     import torchaudio.functional as AF
 
     tg, il, tl = (d[k].to(torch.int32) for k in ("targets", "logit_lengths", "target_lengths"))
@@ -86,7 +86,7 @@ def _torchaudio(d: dict):  # noqa: ANN202
 
 
 @_grad_of
-def _fast_rnnt(d: dict):  # noqa: ANN202
+def _fast_rnnt(d: dict):
     import fast_rnnt
 
     B = d["logits"].shape[0]
@@ -98,7 +98,7 @@ def _fast_rnnt(d: dict):  # noqa: ANN202
 
 
 @_grad_of
-def _warprnnt_numba(d: dict):  # noqa: ANN202
+def _warprnnt_numba(d: dict):
     import warprnnt_numba
 
     tg, il, tl = (d[k].to(torch.int32) for k in ("targets", "logit_lengths", "target_lengths"))
@@ -126,7 +126,7 @@ def implementations(with_slow: bool = False) -> dict[str, _common.Factory]:
 
 
 def run(case_list: list[dict], repeat: int = 5, memory: bool = True, impls: list[str] | None = None,
-        log=print, with_slow: bool = False) -> list[dict]:  # noqa: ANN001
+        log=print, with_slow: bool = False) -> list[dict]:
     """One row per (case, implementation): ``case, B, T, U, V, impl, ms, times_ms, peak_mib``."""
     available = implementations(with_slow or bool(impls and SLOW & set(impls)))
     names = [n for n in (impls or list(available)) if n in available]

@@ -40,10 +40,12 @@ def ctc_inputs(
     if unbatched:
         tg = as_targets_tensor(targets, device)
         if tg.dim() != 1:
-            raise InputError(f"targets must be 1-D (S,) for unbatched (T, C) log_probs, got {tuple(tg.shape)}")
+            raise InputError("targets must be 1-D (S,) for unbatched (T, C) log_probs, "
+                             f"got {tuple(tg.shape)}")
         log_probs, tg = log_probs.unsqueeze(1), tg.unsqueeze(0)
         il = as_index_tensor(input_lengths, "input_lengths", device, allow_scalar=True).reshape(-1)
-        tl = as_index_tensor(target_lengths, "target_lengths", device, allow_scalar=True).reshape(-1)
+        tl = as_index_tensor(target_lengths, "target_lengths", device,
+                             allow_scalar=True).reshape(-1)
     else:
         check_ndim(log_probs, "log_probs", (3,), "(T, B, C) or (T, C)")
         tg = as_targets_tensor(targets, device)

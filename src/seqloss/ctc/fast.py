@@ -37,7 +37,7 @@ _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
 _kern = None  # seqloss.ctc.numba_cpu, imported on first use (it imports numba)
 
 
-def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,  # noqa: ANN001, ANN201
+def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
              zero_infinity, fused_log_softmax, backend, validate):
     """``ctc_loss`` for the common eager CPU call, or ``None`` to take the general path."""
     global _kern
@@ -63,8 +63,8 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     k = _kern
     if k is None:
         k = _kern = kernel_module("ctc", "numba")
-    red = k._REDUCTIONS.get(reduction) if type(reduction) is str else None  # noqa: SLF001
-    if red is None or (B > 1 and not k._inline(il.numpy(), tl.numpy())):  # noqa: SLF001
+    red = k._REDUCTIONS.get(reduction) if type(reduction) is str else None
+    if red is None or (B > 1 and not k._inline(il.numpy(), tl.numpy())):
         return None
     if log_probs.is_contiguous():
         tb_layout = True
@@ -91,9 +91,9 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     rp = res.data_ptr()
     concat = targets.dim() == 1
     R, S = (1, targets.shape[0]) if concat else targets.shape
-    kargs = (k._ZERO[dt], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S,  # noqa: SLF001
+    kargs = (k._ZERO[dt], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S,
              concat, 0, il.data_ptr(), tl.data_ptr(), blank, fused_log_softmax,
-             compute_grad, gp, rp if red == 0 else 0, 0, 0, int(k._SEGMENT_OVERRIDE), red,  # noqa: SLF001
+             compute_grad, gp, rp if red == 0 else 0, 0, 0, int(k._SEGMENT_OVERRIDE), red,
              zero_infinity, 0 if red == 0 else rp, validate, 0, 0)
     spec = (k, kargs, res, grad, targets, il, tl, validate)
     if compute_grad:
@@ -102,13 +102,13 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     return res
 
 
-def _run(spec, lp):  # noqa: ANN001, ANN202
+def _run(spec, lp):
     # numba_cpu.ctc_loss_forward's inline branch, the arguments checked and made (the
     # kernel checks the values: a nonzero return names none, the Python checks do).
     k, kargs = spec[0], spec[1]
-    if k._ctc_chunk(*kargs):  # noqa: SLF001
+    if k._ctc_chunk(*kargs):
         T, _, C = lp.shape
-        k._raise_bad(spec[4], spec[5], spec[6], T, C, kargs[13])  # noqa: SLF001
+        k._raise_bad(spec[4], spec[5], spec[6], T, C, kargs[13])
 
 
 class _FastCTC(torch.autograd.Function):
@@ -118,14 +118,14 @@ class _FastCTC(torch.autograd.Function):
     a B=1 forward+backward)."""
 
     @staticmethod
-    def forward(ctx, spec, lp):  # noqa: ANN001, ANN205
+    def forward(ctx, spec, lp):
         _run(spec, lp)
         ctx.grad, ctx.validate = spec[3], spec[7]
         ctx.lp = lp  # the input, to attach a create_graph gradient to (see backward)
         return spec[2]
 
     @staticmethod
-    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss):
         grad = ctx.grad
         if grad is None:
             raise freed_graph()

@@ -721,7 +721,8 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
                 _zero_rows(grad, tb_layout, b, t, t + 1)
             _grad_sub(grad, tb_layout, t, b, lab[0], ze * invZ)
             for i in range(io0, io1 + 1):
-                _grad_sub(grad, tb_layout, t, b, lab[i + 1], AO[r, i] * bo[i] * (fb[i >> bsh] * invZ))
+                _grad_sub(grad, tb_layout, t, b, lab[i + 1],
+                          AO[r, i] * bo[i] * (fb[i >> bsh] * invZ))
             if t == 0:
                 break
             # emission-inclusive beta at t over the band of t, then beta' at t - 1
@@ -1065,10 +1066,10 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
-    Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST / EXTENDED / FALLBACK /
-    INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of ``grad``, scaled by
-    the reduction's weight while they are in cache (``red == RED_MEAN``: torch's
-    ``1 / (B max(L_b, 1))``; otherwise unscaled).
+    Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST /
+    EXTENDED / FALLBACK / INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of
+    ``grad``, scaled by the reduction's weight while they are in cache (``red == RED_MEAN``:
+    torch's ``1 / (B max(L_b, 1))``; otherwise unscaled).
     Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
     """
     T = x.shape[0] if tb_layout else x.shape[1]
@@ -1146,11 +1147,11 @@ def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
 
 
 @intrinsic
-def _ptr(typingctx, addr, like):  # noqa: ANN001, ANN202
+def _ptr(typingctx, addr, like):
     """The integer ``addr`` as a pointer to values of ``like``'s type (for ``carray``)."""
     ptr_t = types.CPointer(like)
 
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(ptr_t))
 
     return ptr_t(addr, like), codegen
@@ -1271,7 +1272,7 @@ def _host_i64(t: torch.Tensor) -> torch.Tensor:
 CHECKS_VALUES = True
 
 
-def _raise_bad(targets, input_lengths, target_lengths, T, C, blank) -> None:  # noqa: ANN001
+def _raise_bad(targets, input_lengths, target_lengths, T, C, blank) -> None:
     # The Numba checks found a bad value: the Python checks raise the error naming it.
     ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=True)
     raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable

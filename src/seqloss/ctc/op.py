@@ -62,7 +62,7 @@ ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutate
 
 @ctc_loss_op.register_fake
 def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
-      zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+      zero_infinity, backend, compute_grad, validate):
     T, B, C = log_probs.shape
     shape = (B,) if reduction == "none" else ()
     loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
@@ -70,7 +70,7 @@ def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softma
     return loss, grad
 
 
-def _ctc_setup(ctx, inputs, output):  # noqa: ANN001
+def _ctc_setup(ctx, inputs, output):
     # No zeros for the (non-differentiable) gradient output's incoming gradient.
     ctx.set_materialize_grads(False)
     ctx.compute_grad = inputs[-2]
@@ -78,7 +78,7 @@ def _ctc_setup(ctx, inputs, output):  # noqa: ANN001
     ctx.save_for_backward(output[1])
 
 
-def _ctc_backward(ctx, grad_loss, _grad_grad):  # noqa: ANN001
+def _ctc_backward(ctx, grad_loss, _grad_grad):
     (grad,) = ctx.saved_tensors
     nones = (None,) * 10
     if grad_loss is None:

@@ -101,7 +101,8 @@ def ctc_loss_forward(
     bidx = torch.arange(B, device=device)
     if T > 0:
         last = a
-        ll = logaddexp(last[bidx, 2 * L], torch.where(L > 0, last[bidx, (2 * L - 1).clamp(min=0)], NEG_INF))
+        ll = logaddexp(last[bidx, 2 * L],
+                       torch.where(L > 0, last[bidx, (2 * L - 1).clamp(min=0)], NEG_INF))
     else:
         ll = torch.zeros(B, dtype=acc, device=device)
     # Zero frames: only the empty target is feasible (probability 1).
@@ -123,7 +124,8 @@ def ctc_loss_forward(
     for t in range(T - 1, -1, -1):
         b2 = torch.where(skip_next, _shift_left(beta_next, 2), neg)
         rec = logaddexp(beta_next, _shift_left(beta_next, 1), b2)
-        bp = torch.where((t == Tb - 1)[:, None], final_init, torch.where((t < Tb - 1)[:, None], rec, neg))
+        bp = torch.where((t == Tb - 1)[:, None], final_init,
+                         torch.where((t < Tb - 1)[:, None], rec, neg))
         gamma = torch.exp(alphas[t] + bp - ll[:, None])
         occ[t].scatter_add_(1, ext, gamma)
         beta_next = bp + e[t]

@@ -75,7 +75,8 @@ def ctc_normalizer_kernel(
     for c0 in range(0, C, BLOCK_C):
         o_c = c0 + tl.arange(0, BLOCK_C)
         m_x = m_row[:, None] & (o_c < C)[None, :]
-        b_x = tl.load(p_row[:, None] + o_c[None, :] * stride_xc, mask=m_x, other=float("-inf")).to(ACC)
+        b_x = tl.load(p_row[:, None] + o_c[None, :] * stride_xc, mask=m_x,
+                      other=float("-inf")).to(ACC)
         b_new = tl.maximum(b_m, tl.reduce(b_x, 1, _MAX))
         shift = tl.where(b_new == float("-inf"), 0.0, b_new)
         b_s = b_s * tl.exp(b_m - shift) + tl.reduce(tl.exp(b_x - shift[:, None]), 1, _ADD)
@@ -119,7 +120,8 @@ def ctc_alpha_kernel(
     interpreter re-patches ``triton.language`` on every device-function call.
 
     Updates:
-        alpha (T or 2, B, K): rescaled ``log_alpha`` at row ``t`` (``t % 2``), lanes ``s < 2 L_b + 1``.
+        alpha (T or 2, B, K): rescaled ``log_alpha`` at row ``t`` (``t % 2``), lanes
+            ``s < 2 L_b + 1``.
         loss (B,): ``-log p``; ``+inf`` if impossible; zero frames: 0 for an empty target.
     """
     ACC = tl.float64 if FP64 else tl.float32
@@ -400,7 +402,8 @@ def _label_groups(targets: torch.Tensor, target_lengths: torch.Tensor, blank: in
     pos = torch.zeros_like(seg).scatter_(1, perm, ar[None, :].expand(B, S).contiguous())
     mult = count.amax(dim=1)
     i32 = torch.int32
-    return perm.to(i32).contiguous(), pos.to(i32).contiguous(), count.to(i32).contiguous(), mult.to(i32)
+    return (perm.to(i32).contiguous(), pos.to(i32).contiguous(), count.to(i32).contiguous(),
+            mult.to(i32))
 
 
 def ctc_loss_forward(

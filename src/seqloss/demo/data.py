@@ -72,7 +72,7 @@ def make_batch(
     S = max(len(s) for s in labels)
     ids = torch.zeros(batch_size, T, dtype=torch.int64)
     targets = torch.zeros(batch_size, S, dtype=torch.int64)
-    for b, (f, s) in enumerate(zip(frames, labels)):
+    for b, (f, s) in enumerate(zip(frames, labels, strict=True)):
         ids[b, : len(f)] = torch.tensor(f)
         targets[b, : len(s)] = torch.tensor(s)
     x = nn.functional.one_hot(ids, FEATURES).float()
@@ -195,7 +195,8 @@ def rnnt_greedy_steps(model: TinyRNNT, x: Tensor, lengths: Tensor,
     return out, steps
 
 
-def rnnt_greedy(model: TinyRNNT, x: Tensor, lengths: Tensor, max_symbols: int = 3) -> list[list[int]]:
+def rnnt_greedy(model: TinyRNNT, x: Tensor, lengths: Tensor,
+                max_symbols: int = 3) -> list[list[int]]:
     """Frame-synchronous greedy decoding, at most ``max_symbols`` emissions per frame."""
     return rnnt_greedy_steps(model, x, lengths, max_symbols)[0]
 

@@ -58,17 +58,18 @@ def _decode_table(truth: list[list[int]], hyp: list[list[int]], n: int = 5) -> T
     t.add_column("truth")
     t.add_column("greedy decode")
     t.add_column("", justify="center")
-    for a, b in list(zip(truth, hyp))[:n]:
+    for a, b in list(zip(truth, hyp, strict=False))[:n]:
         t.add_row(" ".join(map(str, a)), " ".join(map(str, b)), "ok" if a == b else "x")
     return t
 
 
 def _ler(truth: list[list[int]], hyp: list[list[int]]) -> float:
-    err = sum(D.edit_distance(h, r) for h, r in zip(hyp, truth))
+    err = sum(D.edit_distance(h, r) for h, r in zip(hyp, truth, strict=True))
     return err / max(1, sum(len(r) for r in truth))
 
 
-def train_ctc(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyCTC, list[float]]:
+def train_ctc(steps: int, seed: int, backend: str,
+              console: Console) -> tuple[D.TinyCTC, list[float]]:
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     model = D.TinyCTC()
@@ -88,7 +89,7 @@ def train_ctc(steps: int, seed: int, backend: str, console: Console) -> tuple[D.
     return model, losses
 
 
-def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: int,  # noqa: ANN001
+def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: int,
                       console: Console) -> list[float]:
     # The same batches for every transducer (seed + 1), so that they compare.
     g = torch.Generator().manual_seed(seed + 1)
@@ -109,7 +110,8 @@ def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: 
     return losses
 
 
-def train_rnnt(steps: int, seed: int, backend: str, console: Console) -> tuple[D.TinyRNNT, list[float]]:
+def train_rnnt(steps: int, seed: int, backend: str,
+               console: Console) -> tuple[D.TinyRNNT, list[float]]:
     torch.manual_seed(seed)
     model = D.TinyRNNT()
 
@@ -166,7 +168,7 @@ def make_train_batch(g: torch.Generator) -> D.Batch:
     return D.make_batch(16, g)
 
 
-def _median_ms(fn, n: int = 5) -> float:  # noqa: ANN001
+def _median_ms(fn, n: int = 5) -> float:
     fn()
     ts = []
     for _ in range(n):
@@ -201,7 +203,8 @@ def compare_with_torch(model: D.TinyCTC, batch: D.Batch, backend: str, console: 
     t.add_row("seqloss", f"{ls:.6f}", f"{_median_ms(lambda: run('seqloss')):.2f}")
     t.add_row("torch", f"{lt:.6f}", f"{_median_ms(lambda: run('torch')):.2f}")
     console.print(t)
-    console.print(f"largest |gradient difference| on the logits: {float((gs - gt).abs().max()):.2e}")
+    console.print("largest |gradient difference| on the logits: "
+                  f"{float((gs - gt).abs().max()):.2e}")
 
 
 def half_precision(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console) -> None:
@@ -218,8 +221,9 @@ def half_precision(model: D.TinyCTC, batch: D.Batch, backend: str, console: Cons
         lp = lp32.to(dtype)
         try:
             lt = F.ctc_loss(lp, *args, blank=D.BLANK, reduction="none")
-            torch_res = f"loss dtype {lt.dtype}, max |error| {float((lt.double() - ref).abs().max()):.2e}"
-        except Exception as e:  # noqa: BLE001 - torch's refusal is what we show
+            torch_res = (f"loss dtype {lt.dtype}, "
+                         f"max |error| {float((lt.double() - ref).abs().max()):.2e}")
+        except Exception as e:  # noqa: BLE001 -- torch's refusal is what we show
             torch_res = f"{type(e).__name__}: {str(e).splitlines()[0]}"
         x = lp.clone().requires_grad_(True)
         ls = seqloss.ctc_loss(x, *args, blank=D.BLANK, reduction="none", backend=backend)
@@ -266,13 +270,14 @@ def infeasible(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console)
                 cells += [f"{float(loss.detach()):.3f}", desc]
         t.add_row(lib + (" zero_infinity" if zi else ""), *cells)
     console.print(t)
-    rep = seqloss.diagnose("ctc", logits.log_softmax(-1), tg, il, tl, blank=D.BLANK, backend=backend)
+    rep = seqloss.diagnose("ctc", logits.log_softmax(-1), tg, il, tl, blank=D.BLANK,
+                           backend=backend)
     console.print("seqloss.diagnose says, for item 1: " + rep.sequences[1].verdict, markup=False)
 
 
 def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batch, out: Path,
                   console: Console) -> Path | None:
-    """The CTC posteriors of one utterance with its forced (Viterbi) path; None without matplotlib."""
+    """One utterance's CTC posteriors with its forced (Viterbi) path; None without matplotlib."""
     try:
         import matplotlib
 
@@ -311,7 +316,8 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     if rnnt_model is not None:
         ax = axes[1, 0]
         with torch.no_grad():
-            logits = rnnt_model(batch.x[b: b + 1], batch.targets[b: b + 1, :L])[0, :Tb]  # (T, U+1, V)
+            # logits (T, U+1, V)
+            logits = rnnt_model(batch.x[b: b + 1], batch.targets[b: b + 1, :L])[0, :Tb]
         lpr = logits.log_softmax(-1)
         emit = torch.stack([lpr[:, u, truth[u]] for u in range(L)], dim=1).exp()  # (T, U)
         im = ax.imshow(emit.T.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1)
@@ -337,8 +343,8 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     return path_png
 
 
-def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 0, backend: str = "auto",
-             console: Console | None = None) -> int:
+def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 0,
+             backend: str = "auto", console: Console | None = None) -> int:
     console = console or Console()
     t_start = time.perf_counter()
     # Tiny batches: thread pools cost more than they give (and spin on a busy machine).
@@ -378,7 +384,8 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     r_hyp, r_steps = D.rnnt_greedy_steps(rnnt_model, test.x[:16], test.input_lengths[:16])
     _heading(console, "RNN-T greedy decode against the truth (held-out)")
     console.print(_decode_table(truth, r_hyp))
-    console.print(f"RNN-T label error rate on 16 held-out utterances: {_ler(truth[:16], r_hyp):.1%}")
+    console.print("RNN-T label error rate on 16 held-out utterances: "
+                  f"{_ler(truth[:16], r_hyp):.1%}")
     _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
 
     tdt_model, t_losses = train_tdt(steps, seed, backend, console)

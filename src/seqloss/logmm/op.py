@@ -60,7 +60,7 @@ logmmexp_backward_op = torch.library.custom_op(
 
 
 @logmmexp_op.register_fake
-def _(a, b, backend, compute_grad):  # noqa: ANN001
+def _(a, b, backend, compute_grad):
     acc = _acc_dtype(a.dtype)
     out = a.new_empty((a.shape[0], a.shape[1], b.shape[2]), dtype=acc)
     saved = kernel_module("logmm", backend).saved_like(a.to(acc), b.to(acc)) if compute_grad else []
@@ -68,27 +68,27 @@ def _(a, b, backend, compute_grad):  # noqa: ANN001
 
 
 @logmmexp_backward_op.register_fake
-def _(g, a, b, out, saved, backend, need_a, need_b):  # noqa: ANN001
+def _(g, a, b, out, saved, backend, need_a, need_b):
     ga = torch.empty_like(a) if need_a else a.new_empty(0)
     gb = torch.empty_like(b) if need_b else b.new_empty(0)
     return ga, gb
 
 
-def _no_double_backward(ctx, *grads):  # noqa: ANN001, ANN002
+def _no_double_backward(ctx, *grads):
     raise RuntimeError("seqloss: double backward of logmmexp is not supported")
 
 
 logmmexp_backward_op.register_autograd(_no_double_backward)
 
 
-def _setup(ctx, inputs, output):  # noqa: ANN001
+def _setup(ctx, inputs, output):
     a, b, backend, compute_grad = inputs
     ctx.backend = backend
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(a, b, *output)
 
 
-def _backward(ctx, grads):  # noqa: ANN001
+def _backward(ctx, grads):
     g = grads[0]  # a list output's gradients arrive as one list; only out's matters
     a, b, out, *saved = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -106,15 +106,15 @@ class _Once(torch.autograd.Function):
     gradient of a backward run with ``create_graph=True``."""
 
     @staticmethod
-    def forward(x, a, b):  # noqa: ANN001, ANN205
+    def forward(x, a, b):
         return x.clone()
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         pass  # the setup_context form: torch.func's backward reaches it too
 
     @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
+    def backward(ctx, g):
         raise RuntimeError("seqloss: double backward of logmmexp is not supported")
 
 
@@ -122,14 +122,14 @@ class _EagerLogmm(torch.autograd.Function):
     """The op's implementation behind a plain ``autograd.Function`` (eager mode only)."""
 
     @staticmethod
-    def forward(ctx, a, b, backend):  # noqa: ANN001, ANN205
+    def forward(ctx, a, b, backend):
         out, *saved = logmmexp_impl(a, b, backend, True)
         ctx.backend = backend
         ctx.save_for_backward(a, b, out, *saved)
         return out
 
     @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
+    def backward(ctx, g):
         a, b, out, *saved = ctx.saved_tensors
         need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         with torch.no_grad():
@@ -145,18 +145,18 @@ class _FuncLogmm(torch.autograd.Function):
     ``setup_context``: the saved intermediates are extra, non-differentiable outputs."""
 
     @staticmethod
-    def forward(a, b, backend):  # noqa: ANN001, ANN205
+    def forward(a, b, backend):
         out, *saved = logmmexp_impl(a, b, backend, True)
         return (out, *saved)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         ctx.backend = inputs[2]
         ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(inputs[0], inputs[1], *output)
 
     @staticmethod
-    def backward(ctx, g, *_):  # noqa: ANN001, ANN002, ANN205
+    def backward(ctx, g, *_):
         return _EagerLogmm.backward(ctx, g)
 
 

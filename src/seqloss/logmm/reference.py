@@ -29,7 +29,7 @@ from torch import Tensor
 _BLOCK = 1 << 21  # elements of one (Bb, Mb, Kb, N) broadcast block (8 MiB in float32)
 
 
-def _tiles(B: int, M: int, K: int, N: int):  # noqa: ANN202
+def _tiles(B: int, M: int, K: int, N: int):
     """``(batch slice, row slice, K block size)`` covering ``(B, M)`` within ``_BLOCK``."""
     if B * M * N <= _BLOCK:
         yield slice(0, B), slice(0, M), max(1, _BLOCK // max(1, B * M * N))

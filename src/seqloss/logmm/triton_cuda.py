@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
+from .._core import triton_compat  # noqa: F401 -- the interpreter fixes, before any launch
 
 
 @triton.jit
@@ -184,7 +184,7 @@ def logmm_backward_b_kernel(
              mask=m_k[:, None] & m_n[None, :])
 
 
-def _device_guard(x: torch.Tensor):  # noqa: ANN202
+def _device_guard(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 

@@ -107,7 +107,7 @@ def brute_force_rnnt(
     occ_b = log_probs.new_zeros(T, U + 1)
     occ_e = log_probs.new_zeros(T, U)
     if torch.isfinite(loss):
-        for p, used in zip(post.tolist(), arcs):
+        for p, used in zip(post.tolist(), arcs, strict=True):
             for kind, t, u in used:
                 if kind == "b":
                     occ_b[t, u] += p

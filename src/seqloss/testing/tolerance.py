@@ -40,6 +40,7 @@ def assert_close_budget(
         i = int(((err - bound)).argmax())
         raise AssertionError(
             f"{what}: max violation at flat index {i}: actual {af[i].item():.10g}, "
-            f"expected {ef[i].item():.10g}, |diff| {err[i].item():.3g} > bound {bound[i].item():.3g} "
+            f"expected {ef[i].item():.10g}, |diff| {err[i].item():.3g} "
+            f"> bound {bound[i].item():.3g} "
             f"({int((err > bound).sum())} of {err.numel()} elements)"
         )

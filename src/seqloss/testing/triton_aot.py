@@ -99,7 +99,7 @@ def unavailable() -> str | None:
 
 
 # --------------------------------------------------------------------------- the fake driver
-def _driver_class():  # noqa: ANN202
+def _driver_class():
     from triton.backends.compiler import GPUTarget
     from triton.backends.driver import DriverBase
 
@@ -119,14 +119,14 @@ def _driver_class():  # noqa: ANN202
         def map_python_to_cpp_type(self, ty: str) -> str:
             return ty
 
-        def get_current_target(self):  # noqa: ANN201
+        def get_current_target(self):
             return GPUTarget("cuda", self.arch, 32)
 
-        def get_active_torch_device(self):  # noqa: ANN201
+        def get_active_torch_device(self):
             import torch
             return torch.device("cpu")
 
-        def get_benchmarker(self):  # noqa: ANN201
+        def get_benchmarker(self):
             raise RuntimeError("compile-only driver: nothing runs")
 
         def get_current_device(self) -> int:
@@ -269,7 +269,7 @@ def i32_offsets(ttir: str) -> list[dict[str, Any]]:
 
     def _classify(op: _Op, v: str, depth: int) -> int:
         name, ops = op.name, op.operands
-        sub = lambda i: klass(ops[i], depth + 1) if i < len(ops) else _CONST  # noqa: E731
+        sub = lambda i: klass(ops[i], depth + 1) if i < len(ops) else _CONST
         if name in ("arith.constant", "tt.make_range"):
             return _CONST
         if name in _LEAF_OPS or name == "block_arg" or name.startswith("scf."):
@@ -419,7 +419,7 @@ class Recorder:
                         kernel = orig(fn, *args, grid=grid, warmup=True, **kwargs)
                     rec["compile_s"] = round(time.perf_counter() - t0, 3)
                     rec.update(self._inspect(kernel))
-                except Exception as e:  # noqa: BLE001 - every compile error is a finding
+                except Exception as e:  # noqa: BLE001 -- every compile error is a finding
                     rec["error"] = f"{type(e).__name__}: {e}"[-4000:]
             grid3 = _grid3(grid, bound)
             if self.case not in rec["cases"]:
@@ -458,7 +458,7 @@ class Recorder:
         prev_driver = triton.runtime.driver._active
         saved = (dispatch._triton_runs_on, checks.host_side, from_joint.DEFAULT_CHUNK_ELEMENTS)
 
-        def run(fn, *args, grid, warmup, **kwargs):  # noqa: ANN001, ANN202
+        def run(fn, *args, grid, warmup, **kwargs):
             if warmup:
                 return orig_run(fn, *args, grid=grid, warmup=True, **kwargs)
             self._launch(orig_run, fn, args, grid, kwargs)
@@ -552,7 +552,7 @@ def sweep(targets: tuple[int, ...] = DEFAULT_TARGETS, shapes: str = "small",
             err = None
             try:
                 case.run()
-            except Exception:  # noqa: BLE001 - a host error fails its case, not the sweep
+            except Exception:  # noqa: BLE001 -- a host error fails its case, not the sweep
                 err = traceback.format_exc(limit=8)[-3000:]
             row = {"case": case.name, "function": case.function, "launches": len(rec.launches) - n0,
                    "seconds": round(time.perf_counter() - t0, 2)}

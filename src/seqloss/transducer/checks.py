@@ -90,8 +90,8 @@ def transducer_values(
     <= min(targets.size(1), U)``. Packed ``(N, V)``: the rows add up to ``N``.
     Target ids read (``< target_lengths[b]``) must lie in ``[0, V)`` (``num_tokens``:
     the token block, when the joint has duration logits after it) and differ from
-    ``blank`` (every blank-like class, when a tuple). Entries past a target length are replaced by 0, so no kernel
-    reads an unchecked id.
+    ``blank`` (every blank-like class, when a tuple). Entries past a target length are
+    replaced by 0, so no kernel reads an unchecked id.
     """
     V = logits.shape[-1] if num_tokens is None else num_tokens
     packed = logits.dim() == 2
@@ -99,13 +99,17 @@ def transducer_values(
         if packed:
             il = check_lengths(logit_lengths, "logit_lengths", 2**62, "the int64 range")
         else:
-            il = check_lengths(logit_lengths, "logit_lengths", logits.shape[1], "logits.size(1) (T)")
+            il = check_lengths(logit_lengths, "logit_lengths", logits.shape[1],
+                               "logits.size(1) (T)")
         if targets.dim() == 2:
-            tl = check_lengths(target_lengths, "target_lengths", targets.shape[1], "targets.size(1)")
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[1],
+                               "targets.size(1)")
         else:
-            tl = check_lengths(target_lengths, "target_lengths", targets.shape[0], "targets.numel()")
+            tl = check_lengths(target_lengths, "target_lengths", targets.shape[0],
+                               "targets.numel()")
         if not packed:
-            check_lengths(target_lengths, "target_lengths", logits.shape[2] - 1, "logits.size(2) - 1 (U)")
+            check_lengths(target_lengths, "target_lengths", logits.shape[2] - 1,
+                          "logits.size(2) - 1 (U)")
         if targets.dim() == 1 and int(tl.sum()) != targets.shape[0]:
             raise InputError(
                 f"target_lengths sum to {int(tl.sum())} but the concatenated 1-D targets hold "
@@ -158,7 +162,9 @@ def resolve_token_blank(blank: object, V: int, what: str = "V") -> int:
     """``blank`` in ``[-V, V)`` as an index in ``[0, V)`` (``-1``: ``V - 1``)."""
     blank = int_arg(blank, "blank")
     if V < 1:
-        raise InputError(f"logits must have at least one token class ({what} >= 1), got {what} = {V}")
+        raise InputError(f"logits must have at least one token class ({what} >= 1), "
+                         f"got {what} = {V}")
     if not -V <= blank < V:
-        raise InputError(f"blank = {blank} is out of range: expected -{what} <= blank < {what} = {V}")
+        raise InputError(f"blank = {blank} is out of range: "
+                         f"expected -{what} <= blank < {what} = {V}")
     return blank % V

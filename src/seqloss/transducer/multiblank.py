@@ -113,7 +113,7 @@ multiblank_rnnt_loss.__doc__ = r"""Multi-blank RNN-T loss (Xu et al., 2022), NeM
 
 
 class MultiBlankRNNTLoss(LossModule):
-    """Module wrapper of :func:`multiblank_rnnt_loss`; the constructor takes its keyword arguments."""
+    """Module wrapper of :func:`multiblank_rnnt_loss`; constructor takes its keyword arguments."""
 
     _defaults = {"big_blank_durations": None, "blank": -1, "sigma": 0.0, "clamp": -1,
                  "reduction": "mean", "fastemit_lambda": 0.0, "zero_infinity": False,

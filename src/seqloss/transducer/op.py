@@ -1,4 +1,4 @@
-"""``seqloss::rnnt_loss``: the RNN-T op (torch.library), fake kernel, autograd; the in-place mode."""
+"""``seqloss::rnnt_loss``: the RNN-T op (torch.library), fake kernel, autograd; in-place mode."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def table_loss_impl(
     compute_grad: bool,
     validate: bool,
 ) -> tuple[Tensor, Tensor]:
-    """The joint loss of any table, the table flattened for the op schema (``JointTable.encode``)."""
+    """The joint loss of any table, flattened for the op schema (``JointTable.encode``)."""
     table = JointTable.decode(table_ints, table_floats)
     return joint_loss_impl(logits, targets, logit_lengths, target_lengths, table,
                            fused_log_softmax, reduction, zero_infinity, backend, compute_grad,
@@ -128,7 +128,7 @@ def _transducer_fake(logits: Tensor, logit_lengths: Tensor, reduction: str,
     return loss, grad
 
 
-def _transducer_setup(ctx, inputs, output):  # noqa: ANN001
+def _transducer_setup(ctx, inputs, output):
     # The gradient output gets no incoming gradient: do not let autograd materialize
     # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
     ctx.set_materialize_grads(False)
@@ -140,7 +140,7 @@ def _transducer_setup(ctx, inputs, output):  # noqa: ANN001
 
 @table_loss_op.register_fake
 def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
-      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):
     return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
@@ -148,7 +148,7 @@ table_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 1
                                 setup_context=_transducer_setup)
 
 
-def _transducer_backward(ctx, grad_loss, n_nones: int):  # noqa: ANN001
+def _transducer_backward(ctx, grad_loss, n_nones: int):
     grad, logit_lengths, target_lengths = ctx.saved_tensors
     nones = (None,) * n_nones
     if grad_loss is None:  # only the (non-differentiable) gradient output was used
@@ -167,7 +167,7 @@ rnnt_loss_op = torch.library.custom_op("seqloss::rnnt_loss", rnnt_loss_impl, mut
 
 @rnnt_loss_op.register_fake
 def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-      fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+      fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):
     return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
@@ -207,7 +207,7 @@ def rnnt_loss_inplace(
 
 class _RNNTInplace(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,  # noqa: ANN001, ANN205
+    def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,
                 fused_log_softmax, fastemit_lambda, reduction, zero_infinity, backend, validate):
         compute_grad = logits.requires_grad
         loss, grad = joint_loss_impl(
@@ -223,15 +223,17 @@ class _RNNTInplace(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss):
         grad, ctx.grad = ctx.grad, None
         if grad is None:
             raise RuntimeError("seqloss: the in-place rnnt_loss gradient was already consumed "
                                "(one backward per forward with inplace_grad=True)")
         if not bool((grad_loss == 1).all()):
-            g = _batch_scale(grad_loss, ctx.lengths[0].shape[0], ctx.packed, *ctx.lengths, grad.shape[0])
+            g = _batch_scale(grad_loss, ctx.lengths[0].shape[0], ctx.packed, *ctx.lengths,
+                             grad.shape[0])
             shape = [1] * grad.dim()
             shape[0] = g.shape[0]
             g = g.reshape(shape)
-            grad.mul_(g.float() if grad.dtype in (torch.float16, torch.bfloat16) else g.to(grad.dtype))
+            grad.mul_(g.float() if grad.dtype in (torch.float16, torch.bfloat16)
+                      else g.to(grad.dtype))
         return (grad, *(None,) * 11)

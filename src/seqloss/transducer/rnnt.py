@@ -165,7 +165,7 @@ def rnnt_loss_packed(
                  inplace_grad, packed=True)
 
 
-rnnt_loss_packed.__doc__ = r"""RNN-T loss on packed logits: no padding, same results as :func:`rnnt_loss`.
+rnnt_loss_packed.__doc__ = r"""Packed RNN-T loss: no padding, same results as :func:`rnnt_loss`.
 
     Args:
         logits: ``(sum_b T_b * (U_b + 1), V)``: sequence ``b``'s rows in ``(t, u)``

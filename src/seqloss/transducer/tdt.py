@@ -184,7 +184,7 @@ def _loss_fake(x: Tensor, logit_lengths: Tensor, reduction: str) -> Tensor:
 
 @tdt_loss_op.register_fake
 def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats, omega,
-      reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+      reduction, zero_infinity, backend, compute_grad, validate):
     grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
     return _loss_fake(logits, logit_lengths, reduction), grad
 
@@ -195,7 +195,7 @@ tdt_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 11)
 
 @tdt_pair_loss_op.register_fake
 def _(token_logits, duration_logits, targets, logit_lengths, target_lengths, table_ints,
-      table_floats, omega, reduction, zero_infinity, backend, compute_grad, validate):  # noqa: ANN001
+      table_floats, omega, reduction, zero_infinity, backend, compute_grad, validate):
     if compute_grad:
         gt, gd = torch.empty_like(token_logits), torch.empty_like(duration_logits)
     else:
@@ -203,14 +203,14 @@ def _(token_logits, duration_logits, targets, logit_lengths, target_lengths, tab
     return _loss_fake(token_logits, logit_lengths, reduction), gt, gd
 
 
-def _pair_setup(ctx, inputs, output):  # noqa: ANN001
+def _pair_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.compute_grad = inputs[-2]
     ctx.validate = inputs[-1]
     ctx.save_for_backward(output[1], output[2])
 
 
-def _pair_grads(ctx, grad_loss):  # noqa: ANN001, ANN202
+def _pair_grads(ctx, grad_loss):
     gt, gd = ctx.saved_tensors
     if grad_loss is None:
         return None, None
@@ -227,7 +227,7 @@ class _PairEager(torch.autograd.Function):
     """The pair op's implementation in eager mode (the library's dispatch costs ~30 us)."""
 
     @staticmethod
-    def forward(ctx, token_logits, duration_logits, *rest):  # noqa: ANN001, ANN205
+    def forward(ctx, token_logits, duration_logits, *rest):
         out = tdt_pair_loss_impl(token_logits, duration_logits, *rest)
         ctx.compute_grad, ctx.validate = rest[-2], rest[-1]
         ctx.set_materialize_grads(False)
@@ -235,7 +235,7 @@ class _PairEager(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_loss, _g1, _g2):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss, _g1, _g2):
         return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
 
 
@@ -243,17 +243,17 @@ class _PairFunc(torch.autograd.Function):
     """``_PairEager`` for ``torch.func`` transforms (grad, vjp), which need ``setup_context``."""
 
     @staticmethod
-    def forward(token_logits, duration_logits, *rest):  # noqa: ANN001, ANN002, ANN205
+    def forward(token_logits, duration_logits, *rest):
         return tdt_pair_loss_impl(token_logits, duration_logits, *rest)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         ctx.compute_grad, ctx.validate = inputs[-2], inputs[-1]
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(output[1], output[2])
 
     @staticmethod
-    def backward(ctx, grad_loss, _g1, _g2):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss, _g1, _g2):
         if grad_loss is not None and _functorch_wrapped(grad_loss):
             gt, gd = ctx.saved_tensors
             return (batch_product(gt, grad_loss, 0), batch_product(gd, grad_loss, 0),
@@ -261,7 +261,7 @@ class _PairFunc(torch.autograd.Function):
         return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
 
 
-def _call_pair(tok: Tensor, dur: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN002
+def _call_pair(tok: Tensor, dur: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:
     if not torch.compiler.is_compiling() and (_functorch_wrapped(tok) or _functorch_wrapped(dur)):
         return _PairFunc.apply(tok, dur, *rest)
     if torch.compiler.is_compiling() or _is_traced(tok) or _is_traced(dur):
@@ -281,7 +281,8 @@ def _check_tdt_durations(durations: object) -> tuple[int, ...]:
     if durs and durs[0] < 0:
         raise InputError(f"durations[0] = {durs[0]} is negative: frame advances are >= 0")
     if 0 not in durs or 1 not in durs:
-        raise InputError(f"durations must contain 0 and 1 (TDT's RNN-T-like steps), got {list(durs)}")
+        raise InputError("durations must contain 0 and 1 (TDT's RNN-T-like steps), "
+                         f"got {list(durs)}")
     return durs
 
 

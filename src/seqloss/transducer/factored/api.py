@@ -7,8 +7,6 @@ joint's normalizer goes through ``seqloss.logmmexp``. Shapes, defaults and
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 from torch import Tensor
 
@@ -86,7 +84,8 @@ def _factored_inputs(lm: Tensor, am: Tensor, symbols: object, termination_symbol
     _validate.check_ndim(lm, "lm", (3,), "(B, S + 1, C)")
     _validate.check_ndim(am, "am", (3,), "(B, T, C)")
     if am.dtype != lm.dtype:
-        raise InputTypeError(f"am and lm must have the same dtype, got am {am.dtype} and lm {lm.dtype}")
+        raise InputTypeError("am and lm must have the same dtype, "
+                             f"got am {am.dtype} and lm {lm.dtype}")
     if am.device != lm.device:
         raise InputError(f"am is on {am.device}, lm on {lm.device}: expected one device")
     B, T, C = am.shape
@@ -95,7 +94,8 @@ def _factored_inputs(lm: Tensor, am: Tensor, symbols: object, termination_symbol
         raise InputError(f"lm.size(2) = {lm.shape[2]} must equal am.size(2) (C) = {C}")
     S = lm.shape[1] - 1
     if S < 0:
-        raise InputError("lm must have shape (B, S + 1, C) with at least one position, got S + 1 = 0")
+        raise InputError("lm must have shape (B, S + 1, C) with at least one position, "
+                         "got S + 1 = 0")
     sym = checks.check_symbols(symbols, B, S, am.device)
     term = checks.check_termination(termination_symbol, C)
     bnd = checks.check_boundary(boundary, B, am.device)
@@ -105,9 +105,9 @@ def _factored_inputs(lm: Tensor, am: Tensor, symbols: object, termination_symbol
     return B, T, C, S, sym, term, bnd, rt, dp
 
 
-def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Optional[Tensor], dp: float,
+def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Tensor | None, dp: float,
             T: int, S: int, reduction: str, return_grad: bool, name: str, validate: bool,
-            zero_infinity: bool = False) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
+            zero_infinity: bool = False) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
     if dp != 0.0:
         emit = emit + arcs.delay_penalty_term(dp, lens, T, emit.dtype)
     ll, oe, ob = arcs.run_lattice(emit, blank, lens, rt, bnd is not None, name, validate,
@@ -127,7 +127,7 @@ def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Optional[Te
     return loss
 
 
-def _unpadded(lm: Tensor, am: Tensor, lens: Tensor, bnd: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+def _unpadded(lm: Tensor, am: Tensor, lens: Tensor, bnd: Tensor | None) -> tuple[Tensor, Tensor]:
     """The compute dtype, and 0 in the padding a boundary leaves (it may hold NaN)."""
     dt = arcs.compute_dtype(am.dtype)
     lm, am = lm.to(dt), am.to(dt)
@@ -142,7 +142,7 @@ def rnnt_loss_simple(
     am: Tensor,
     symbols: Tensor,
     termination_symbol: int,
-    boundary: Optional[Tensor] = None,
+    boundary: Tensor | None = None,
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     reduction: str = "mean",
@@ -151,7 +151,7 @@ def rnnt_loss_simple(
     zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
-) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
+) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
     r"""The RNN-T loss of an additive joiner ``am[t] + lm[s]``, exact (k2's "simple" loss).
 
     ``log p(c | t, s) = am[b, t, c] + lm[b, s, c] - log sum_c' exp(am[b, t, c'] + lm[b, s, c'])``,
@@ -202,7 +202,7 @@ def rnnt_loss_smoothed(
     termination_symbol: int,
     lm_only_scale: float = 0.1,
     am_only_scale: float = 0.1,
-    boundary: Optional[Tensor] = None,
+    boundary: Tensor | None = None,
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     reduction: str = "mean",
@@ -211,7 +211,7 @@ def rnnt_loss_smoothed(
     zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
-) -> Union[Tensor, tuple[Tensor, tuple[Tensor, Tensor]]]:
+) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
     r"""k2's smoothed simple loss: the joint mixed with LM-only and AM-only scores.
 
     Every arc score is ``(1 - lm_only_scale - am_only_scale) * joint +
@@ -248,7 +248,7 @@ def rnnt_loss_pruned(
     symbols: Tensor,
     ranges: Tensor,
     termination_symbol: int,
-    boundary: Optional[Tensor] = None,
+    boundary: Tensor | None = None,
     rnnt_type: str = "regular",
     delay_penalty: float = 0.0,
     reduction: str = "mean",
@@ -296,7 +296,8 @@ def rnnt_loss_pruned(
             f"{tuple(logits.shape)}), got {tuple(ranges.shape)}"
         )
     if R < 1 or R > S + 1:
-        raise InputError(f"s_range = logits.size(2) = {R} is invalid: expected 1 <= s_range <= S + 1 = {S + 1}")
+        raise InputError(f"s_range = logits.size(2) = {R} is invalid: "
+                         f"expected 1 <= s_range <= S + 1 = {S + 1}")
     ranges = ranges.to(device=logits.device, dtype=torch.int64)
     term = checks.check_termination(termination_symbol, C)
     bnd = checks.check_boundary(boundary, B, logits.device)

@@ -59,15 +59,15 @@ class _FlushSubnormalGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(x):  # noqa: ANN001, ANN205
+    def forward(x):
         return x.view_as(x)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         pass  # the setup_context form, for torch.func
 
     @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
+    def backward(ctx, g):
         return g.masked_fill(g.abs() < torch.finfo(g.dtype).tiny, 0.0)
 
 
@@ -174,7 +174,8 @@ def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type:
         read = (s >= lens[:, :1]) & (s <= lens[:, :1] + lens[:, 2:3])  # (B, S+1)
         log_uni = _log_unigram(lm - lm_lse[:, :, None], read)
         am_norm = torch.logsumexp(am + log_uni, dim=2)  # (B, T)
-        terms_e.append(am_only_scale * (am_sym + log_uni[sym_ext][:, None, :] - am_norm[:, :, None]))
+        terms_e.append(am_only_scale * (am_sym + log_uni[sym_ext][:, None, :]
+                                        - am_norm[:, :, None]))
         terms_b.append(am_only_scale * (am[:, :, term, None] + log_uni[term] - am_norm[:, :, None])
                        .expand(B, T, S1))
     emit = terms_e[0]
@@ -200,14 +201,14 @@ class _WindowLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(logits, sym, term):  # noqa: ANN001, ANN205
+    def forward(logits, sym, term):
         lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
         px = logits.gather(3, sym)[..., 0] - lse
         py = logits[..., term] - lse
         return px, py, lse  # lse: saved, not differentiable (the setup_context form)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         logits, sym, term = inputs
         lse = output[2]
         ctx.mark_non_differentiable(lse)
@@ -222,7 +223,7 @@ class _WindowLogProbs(torch.autograd.Function):
             ctx.nonfinite_rows = bool(lse.numel())
 
     @staticmethod
-    def backward(ctx, gx, gy, _glse):  # noqa: ANN001, ANN205
+    def backward(ctx, gx, gy, _glse):
         logits, sym, lse = ctx.saved_tensors
         gx = torch.zeros_like(lse) if gx is None else gx
         gy = torch.zeros_like(lse) if gy is None else gy

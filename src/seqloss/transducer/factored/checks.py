@@ -13,8 +13,6 @@ gather ever reads an unchecked id.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -59,11 +57,12 @@ def check_symbols(symbols: object, B: int, S: int, device: torch.device) -> Tens
     return symbols.to(torch.int64)
 
 
-def check_boundary(boundary: object, B: int, device: torch.device) -> Optional[Tensor]:
+def check_boundary(boundary: object, B: int, device: torch.device) -> Tensor | None:
     if boundary is None:
         return None
     if not isinstance(boundary, Tensor):
-        raise InputTypeError(f"boundary must be an int64 tensor or None, got {type(boundary).__name__}")
+        raise InputTypeError("boundary must be an int64 tensor or None, "
+                             f"got {type(boundary).__name__}")
     if boundary.dtype not in _validate.INDEX_DTYPES:
         raise InputTypeError(f"boundary must be an int32 or int64 tensor, got {boundary.dtype}")
     if tuple(boundary.shape) != (B, 4):
@@ -79,7 +78,8 @@ def check_boundary(boundary: object, B: int, device: torch.device) -> Optional[T
 
 def check_same_batch(x: Tensor, name: str, B: int, what: str) -> None:
     if x.shape[0] != B:
-        raise InputError(f"{name}.size(0) = {x.shape[0]} must equal the batch size B = {B} ({what})")
+        raise InputError(f"{name}.size(0) = {x.shape[0]} must equal the batch size "
+                         f"B = {B} ({what})")
 
 
 def check_scale(x: object, name: str) -> float:
@@ -92,9 +92,9 @@ def _first(bad: np.ndarray) -> int:
 
 
 def bounds_impl(
-    boundary: Optional[Tensor],
+    boundary: Tensor | None,
     symbols: Tensor,
-    ranges: Optional[Tensor],
+    ranges: Tensor | None,
     T: int,
     C: int,
     termination_symbol: int,
@@ -156,7 +156,8 @@ def bounds_impl(
             if bad.any():
                 b, s = np.unravel_index(_first(bad), bad.shape)
                 raise InputError(
-                    f"symbols[{b}, {s}] = {int(sh[b, s])} is out of range: expected 0 <= id < C = {C}"
+                    f"symbols[{b}, {s}] = {int(sh[b, s])} is out of range: "
+                    f"expected 0 <= id < C = {C}"
                 )
             bad = read & (sh == termination_symbol)
             if bad.any():
@@ -196,12 +197,12 @@ bounds_op = torch.library.custom_op("seqloss::factored_bounds", bounds_impl, mut
 
 
 @bounds_op.register_fake
-def _(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type, s_range, validate):  # noqa: ANN001
+def _(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type, s_range, validate):
     B, S = symbols.shape
     return symbols.new_empty((B, 4)), symbols.new_empty((B, S + 1))
 
 
-def bounds(boundary: Optional[Tensor], symbols: Tensor, ranges: Optional[Tensor], T: int, C: int,
+def bounds(boundary: Tensor | None, symbols: Tensor, ranges: Tensor | None, T: int, C: int,
            termination_symbol: int, rnnt_type: str, s_range: int, validate: bool
            ) -> tuple[Tensor, Tensor]:
     """The op while compiling, its implementation otherwise (no dispatch cost)."""

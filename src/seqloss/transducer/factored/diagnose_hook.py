@@ -14,7 +14,7 @@ from ..._core import checks as _checks
 _d = importlib.import_module("seqloss.diagnose")
 
 
-def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):  # noqa: ANN201
+def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):
     """One entry per sequence: frames and symbols the boundary gives, the window's
     non-finite logits (frames ``begin_frame <= t < end_frame``), the pruned loss, and
     whether the windows hold the start and final states (else no path survives)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import torch
 from torch import Tensor
@@ -35,7 +33,7 @@ def _adjust_lower_bound(s_begin: Tensor, step: int, s0: Tensor, t0: Tensor) -> T
     return (base - y).clamp(min=0)
 
 
-def _widened(R: int, boundary: Optional[Tensor], S: int, T: int, readable: bool) -> int:
+def _widened(R: int, boundary: Tensor | None, S: int, T: int, readable: bool) -> int:
     """fast_rnnt's widening of a regular window too small for a sequence.
 
     Windows that rise by at most ``R - 1`` a frame reach ``U_b`` symbols in ``T_b``
@@ -61,7 +59,7 @@ def _widened(R: int, boundary: Optional[Tensor], S: int, T: int, readable: bool)
 def get_rnnt_prune_ranges(
     px_grad: Tensor,
     py_grad: Tensor,
-    boundary: Optional[Tensor],
+    boundary: Tensor | None,
     s_range: int,
     *,
     validate: bool = True,
@@ -154,7 +152,7 @@ def get_rnnt_prune_ranges(
 
 
 def do_rnnt_pruning(am: Tensor, lm: Tensor, ranges: Tensor) -> tuple[Tensor, Tensor]:
-    """The joiner's inputs on the pruned lattice: ``(am_pruned, lm_pruned)``, ``(B, T, s_range, *)``.
+    """Joiner inputs on the pruned lattice: ``(am_pruned, lm_pruned)``, ``(B, T, s_range, *)``.
 
     Args:
         am: ``(B, T, encoder_dim)`` encoder output.

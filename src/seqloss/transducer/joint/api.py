@@ -1,4 +1,4 @@
-"""``joint_loss``: the transducer loss of any ``JointTable`` (the variants' public functions call it)."""
+"""``joint_loss``: the transducer loss of any ``JointTable`` (the variants' functions call it)."""
 
 from __future__ import annotations
 

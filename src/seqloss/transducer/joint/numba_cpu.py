@@ -65,14 +65,14 @@ def _seq_view(x: torch.Tensor, b: int, tb: int, ub: int, off: int) -> torch.Tens
     return x[off : off + tb * (ub + 1)].unflatten(0, (tb, ub + 1))
 
 
-def _chunks(tb: int, ub: int, V: int):  # noqa: ANN202
+def _chunks(tb: int, ub: int, V: int):
     step = max(1, CHUNK_ELEMS // max(1, (ub + 1) * V))
     for t0 in range(0, tb, step):
         yield t0, min(tb, t0 + step)
 
 
 def _log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Guarded log-softmax of a small block (the duration logits): a row of ``-inf`` stays ``-inf``."""
+    """Guarded log-softmax of a small block (duration logits): a row of ``-inf`` stays ``-inf``."""
     m = x.amax(-1, keepdim=True)
     m = torch.where(m == NEG_INF, 0.0, m)
     log_z = torch.log(torch.exp(x - m).sum(-1, keepdim=True))
@@ -89,7 +89,7 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lse_r(buf, dif, n):  # noqa: ANN001, ANN202
+def _lse_r(buf, dif, n):
     """``_lse`` of ``buf[:n]`` (float64) with the exps of ``buf - max`` in ``dif``'s dtype."""
     m = NEG_INF
     for k in range(n):
@@ -112,13 +112,13 @@ def _lse_r(buf, dif, n):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _flush(v, tiny):  # noqa: ANN001, ANN202
+def _flush(v, tiny):
     """``v``, or 0 when ``|v| <= tiny`` (then it rounds to 0 in the output dtype anyway)."""
     return 0.0 if abs(v) <= tiny else v
 
 
 @njit(cache=True, nogil=True)
-def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
+def _duration_scores(xd, fused, sd):
     """Duration log-probs of one sequence's rows: ``sd[t, u] = log_softmax(xd[t, u])``
     (``xd`` as given if not ``fused``); guarded (a row of ``-inf`` stays ``-inf``). The
     exps in ``xd``'s dtype (float32 for float32 input), the sum, the log and ``sd``
@@ -162,7 +162,7 @@ def _duration_scores(xd, fused, sd):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _duration_job(xd, Tl, Ul, fused, sd, bad, job):  # noqa: ANN001, ANN201
+def _duration_job(xd, Tl, Ul, fused, sd, bad, job):
     """``_duration_scores`` of sequence ``b = job`` of a padded ``(B, T, U+1, D)`` block
     (a pool job: the other core is idle while the main thread computes them)."""
     b = job
@@ -174,7 +174,7 @@ def _duration_job(xd, Tl, Ul, fused, sd, bad, job):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def _token_scores(xb, xe, m, s, fused, sigma, sb, se):  # noqa: ANN001, ANN201
+def _token_scores(xb, xe, m, s, fused, sigma, sb, se):
     """One sequence's blank-class and next-label log-probs minus ``sigma``.
 
     ``xb (T_b, U_b+1, nu)``, ``xe (T_b, U_b)`` the gathered logits; ``m``, ``s`` the rows'
@@ -206,7 +206,7 @@ def _token_scores(xb, xe, m, s, fused, sigma, sb, se):  # noqa: ANN001, ANN201
 
 
 @njit(cache=True, nogil=True)
-def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, ll,  # noqa: ANN001, ANN201, PLR0913
+def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, ll,
                          compute_grad, fused, scale, clamp, gscale, rs, tg, uniq,
                          gt, V, Wt, gd, Wd, cd, base, st, tiny, job):
     """Sequence ``b = job``: ``ll[b]`` and, with ``compute_grad``, its gradient rows.
@@ -569,7 +569,7 @@ def _forward_table(
               own_lines(np.asarray(uniq, dtype=i64)), gt, V, W, gd, Wd, cd,
               own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64)),
               _TINY[dtype]),
-             range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul)])
+             range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
     del sb, se, sd, row_sum
     loss = (-ll * (1.0 + table.fastemit_lambda)).to(acc)  # NaN where skipped
     loss = loss.to(logits.device)

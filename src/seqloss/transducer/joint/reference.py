@@ -41,7 +41,7 @@ def _to_padded(logits: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torc
     U1 = int(Ul.max()) + 1 if B else 1
     out = logits.new_zeros((B, T, U1, logits.shape[-1]))
     off = _row_offsets(Tl, Ul).tolist()
-    for b, (tb, ub) in enumerate(zip(Tl.tolist(), Ul.tolist())):
+    for b, (tb, ub) in enumerate(zip(Tl.tolist(), Ul.tolist(), strict=True)):
         rows = logits[off[b] : off[b] + tb * (ub + 1)]
         out[b, :tb, : ub + 1] = rows.reshape(tb, ub + 1, out.shape[-1])  # tb may be 0
     return out
@@ -49,7 +49,7 @@ def _to_padded(logits: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torc
 
 def _from_padded(grad: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torch.Tensor:
     parts = [grad[b, :tb, : ub + 1].reshape(tb * (ub + 1), grad.shape[-1]) for b, (tb, ub) in
-             enumerate(zip(Tl.tolist(), Ul.tolist()))]
+             enumerate(zip(Tl.tolist(), Ul.tolist(), strict=True))]
     if not parts:
         return grad.new_zeros((0, grad.shape[-1]))
     return torch.cat(parts, 0)

@@ -15,7 +15,8 @@ is this table. An arc is a token class (a fixed class for blank-like arcs; the n
 target label for emissions), a frame advance, and optionally an index into the
 duration block whose log-probability is added to the arc's score::
 
-    arc_blank[t, u, i] = lp_tok[t, u, blank_arcs[i].token] - sigma + lp_dur[t, u, blank_arcs[i].duration_logit]
+    arc_blank[t, u, i] = lp_tok[t, u, blank_arcs[i].token] - sigma
+                         + lp_dur[t, u, blank_arcs[i].duration_logit]
     arc_emit[t, u, j]  = lp_tok[t, u, y_{u+1}] - sigma + lp_dur[t, u, emit_arcs[j].duration_logit]
 
 (the ``lp_dur`` term only where the arc names a duration logit). FastEmit

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..._core import triton_compat  # noqa: F401  (the interpreter fixes, before any launch)
+from ..._core import triton_compat  # noqa: F401 -- the interpreter fixes, before any launch
 from ..lattice.triton_cuda import (
     _device_guard,
     _durations,
@@ -431,7 +431,7 @@ def _table_tensor(table: JointTable, device: torch.device) -> torch.Tensor:
 
     ``-1``: no duration term. Cached per (arcs, device): no host-to-device copy per call.
     """
-    dl = lambda a: -1 if a.duration_logit is None else int(a.duration_logit)  # noqa: E731
+    dl = lambda a: -1 if a.duration_logit is None else int(a.duration_logit)
     vals = (tuple(int(a.token) for a in table.blank_arcs)
             + tuple(dl(a) for a in table.blank_arcs) + tuple(dl(a) for a in table.emit_arcs))
     key = (vals, device)

@@ -53,7 +53,7 @@ def _lengths(x: object, B: int) -> np.ndarray | None:
     return x.numpy()
 
 
-def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,  # noqa: ANN001, ANN201
+def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
                  emit_durations, emit_can_end, backend, validate):
     """``transducer_lattice`` for the common eager CPU call, or ``None`` (the general path)."""
     global _kern
@@ -93,7 +93,7 @@ class _FastLattice(torch.autograd.Function):
     (``grads_to_hand_on``), one output, the occupations kept on ``ctx``."""
 
     @staticmethod
-    def forward(ctx, spec, ab, ae):  # noqa: ANN001, ANN205
+    def forward(ctx, spec, ab, ae):
         k, il, tl, bd, ed, can, validate = spec
         ll, ob, oe = k.transducer_lattice(ab.detach(), ae.detach(), il, tl, bd, ed, True, can)
         v = ll.numpy()
@@ -104,7 +104,7 @@ class _FastLattice(torch.autograd.Function):
         return ll
 
     @staticmethod
-    def backward(ctx, g):  # noqa: ANN001, ANN205
+    def backward(ctx, g):
         ob, oe = ctx.ob, ctx.oe
         if ob is None:
             raise freed_graph()

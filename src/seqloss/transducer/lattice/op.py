@@ -97,7 +97,7 @@ lattice_op = torch.library.custom_op("seqloss::transducer_lattice", lattice_impl
 
 @lattice_op.register_fake
 def _(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations, emit_durations,
-      emit_can_end, backend, compute_grad, validate):  # noqa: ANN001
+      emit_can_end, backend, compute_grad, validate):
     B = arc_blank.shape[0]
     ll = arc_blank.new_empty((B,), dtype=_acc(arc_blank.dtype))
     if compute_grad:
@@ -105,13 +105,13 @@ def _(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations, emit_
     return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
 
 
-def _setup(ctx, inputs, output):  # noqa: ANN001
+def _setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.compute_grad, ctx.validate = inputs[-2], inputs[-1]
     ctx.save_for_backward(output[1], output[2])
 
 
-def _backward(ctx, grad_ll, _g1, _g2):  # noqa: ANN001
+def _backward(ctx, grad_ll, _g1, _g2):
     nones = (None,) * 8
     if grad_ll is None:
         return (None, None, *nones)
@@ -133,7 +133,7 @@ class _EagerLattice(torch.autograd.Function):
     backward meets ``scale_grad``'s clear error."""
 
     @staticmethod
-    def forward(ctx, rest, ab, ae):  # noqa: ANN001, ANN205
+    def forward(ctx, rest, ab, ae):
         out = lattice_impl(ab, ae, *rest)
         ctx.set_materialize_grads(False)
         ctx.compute_grad, ctx.validate = rest[-2], rest[-1]
@@ -141,7 +141,7 @@ class _EagerLattice(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_ll, _g1, _g2):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_ll, _g1, _g2):
         gb, ge = _backward(ctx, grad_ll, _g1, _g2)[:2]
         return None, gb, ge
 
@@ -151,15 +151,15 @@ class _FuncLattice(torch.autograd.Function):
     ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
 
     @staticmethod
-    def forward(rest, ab, ae):  # noqa: ANN001, ANN205
+    def forward(rest, ab, ae):
         return lattice_impl(ab, ae, *rest)
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         _setup(ctx, (*inputs[1:], *inputs[0]), output)
 
     @staticmethod
-    def backward(ctx, grad_ll, _g1, _g2):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_ll, _g1, _g2):
         if grad_ll is not None and _functorch_wrapped(grad_ll):
             ob, oe = ctx.saved_tensors
             return None, batch_product(ob, grad_ll, 0), batch_product(oe, grad_ll, 0)
@@ -167,7 +167,7 @@ class _FuncLattice(torch.autograd.Function):
         return None, gb, ge
 
 
-def call_lattice(ab: Tensor, ae: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN002
+def call_lattice(ab: Tensor, ae: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:
     """The registered op while tracing (compile, fake/functional tensors), a
     ``setup_context`` Function under ``torch.func``, the eager ``autograd.Function``
     otherwise. ``rest``: the op's arguments after the arcs."""

@@ -32,8 +32,10 @@ final state is ``(T_b, U_b)``. Arcs leave frames ``t < T_b`` only:
     beta(t, u)  = logsumexp( { arc_blank[t, u, i] + beta(t + d_i, u)     }_i
                            u { arc_emit[t, u, j]  + beta(t + d_j, u + 1) }_j ),  beta(T_b, U_b) = 0
     log_likelihood[b] = alpha(T_b, U_b)       (-inf when T_b == 0: no frame, no path)
-    occ_blank[b, t, u, i] = exp(alpha(t, u) + arc_blank[t, u, i] + beta(t + d_i, u) - log_likelihood[b])
-    occ_emit[b, t, u, j]  = exp(alpha(t, u) + arc_emit[t, u, j]  + beta(t + d_j, u + 1) - log_likelihood[b])
+    occ_blank[b, t, u, i] = exp(alpha(t, u) + arc_blank[t, u, i] + beta(t + d_i, u)
+                                - log_likelihood[b])
+    occ_emit[b, t, u, j]  = exp(alpha(t, u) + arc_emit[t, u, j]  + beta(t + d_j, u + 1)
+                                - log_likelihood[b])
 
 An occupation is the posterior probability that a path takes the arc, i.e.
 ``d log_likelihood / d arc_score``. Blank durations must be ``>= 1`` and emission

@@ -325,7 +325,7 @@ def _durations(durations: tuple[int, ...], device: torch.device) -> torch.Tensor
     return t
 
 
-def _device_guard(x: torch.Tensor):  # noqa: ANN202
+def _device_guard(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
@@ -336,7 +336,7 @@ def _row_blocks(V: int) -> tuple[int, int]:
 
 def _launch_alpha_beta(arc_blank, arc_emit, il, tlen, off, soff, alpha, beta, ll, T, U1,
                        max_u1, blank_durations, emit_durations, do_beta, emit_can_end,
-                       packed):  # noqa: ANN001, ANN202
+                       packed):
     device = arc_blank.device
     block_u = max(16, triton.next_power_of_2(max_u1))
     # A zero-size arc axis has no usable strides; nothing is loaded from it.

@@ -155,7 +155,7 @@ def _ints(vals: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return t
 
 
-def _device_guard(x: torch.Tensor):  # noqa: ANN202
+def _device_guard(x: torch.Tensor):
     return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
 
 
