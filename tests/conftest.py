@@ -95,3 +95,13 @@ DEVICES = [pytest.param("cpu", id="cpu")] + [
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available"),
     )
 ]
+
+
+@pytest.fixture(params=["torch_ops", "row_passes"])
+def tile_ops(request, monkeypatch):
+    """The CPU tile math: torch's ops, or the Numba backend's row passes (taken by
+    default for rows of at least ``MIN_ROW_WIDTH`` classes), forced at these widths."""
+    if request.param == "row_passes":
+        rows = pytest.importorskip("seqloss.transducer.joint.numba_rows")
+        monkeypatch.setattr(rows, "MIN_ROW_WIDTH", 1)
+    return request.param

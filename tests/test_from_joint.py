@@ -88,14 +88,14 @@ CHUNKS = [1, V, 3 * V, 10**9]  # below one row (one row), one row, a few rows, t
 
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean", "mean_volume"])
-def test_rnnt_matches_materialized(chunk, reduction):
+def test_rnnt_matches_materialized(chunk, reduction, tile_ops):
     _compare("rnnt", {}, chunk, reduction=reduction)
 
 
 @pytest.mark.parametrize("chunk", [V, 2 * V * U1, 10**9])
 @pytest.mark.parametrize("kw", [{"clamp": 0.05}, {"fastemit_lambda": 0.3},
                                 {"blank": 0, "clamp": 0.1, "fastemit_lambda": 0.2}])
-def test_rnnt_keywords(chunk, kw):
+def test_rnnt_keywords(chunk, kw, tile_ops):
     _compare("rnnt", kw, chunk, reduction="sum", seed=1)
 
 
@@ -215,7 +215,7 @@ MB = {"big_blank_durations": [2, 3]}
 
 @pytest.mark.parametrize("chunk", [V, 3 * V, 10**9])
 @pytest.mark.parametrize("kw", [{}, {"sigma": 0.05, "clamp": 0.05, "fastemit_lambda": 0.2}])
-def test_multiblank_matches_materialized(chunk, kw):
+def test_multiblank_matches_materialized(chunk, kw, tile_ops):
     _compare("mb", {**MB, **kw}, chunk, reduction="mean_volume")
 
 

@@ -13,14 +13,14 @@ import seqloss
 
 pytest.importorskip("numba")
 
-from numba import njit  # noqa: E402
+from numba import njit
 
-from seqloss._core.numba_exp import vexp  # noqa: E402
-from seqloss.transducer.joint import numba_cpu, numba_rows  # noqa: E402
+from seqloss._core.numba_exp import vexp, vlog1pexp
+from seqloss.transducer.joint import numba_cpu, numba_rows
 
 
 @njit(cache=False)
-def _exp_array(x, out):  # noqa: ANN001, ANN202
+def _exp_array(x, out):
     for i in range(x.shape[0]):
         out[i] = vexp(x[i])
 
@@ -35,6 +35,27 @@ def test_exp_against_libm(dtype, lo, ulps):
     ulp = np.spacing(want.astype(dtype)).astype(np.float64)
     err = np.abs(out.astype(np.float64) - want) / ulp
     assert err.max() <= ulps, (float(err.max()), float(x[np.argmax(err)]))
+
+
+@njit(cache=False)
+def _log1pexp_array(x, out):
+    for i in range(x.shape[0]):
+        out[i] = vlog1pexp(x[i])
+
+
+def test_log1pexp_against_libm():
+    # The lattice's logaddexp correction: log1p(exp(d)) for d <= 0, within 3 ulp of libm's
+    # (itself within 1) over float64's normal range, exactly 0 below it and at -inf.
+    x = np.concatenate([-np.geomspace(1e-300, 708.0, 200001), [0.0, -0.0]])
+    out = np.empty_like(x)
+    _log1pexp_array(x, out)
+    want = np.log1p(np.exp(x))
+    err = np.abs(out - want) / np.spacing(want)
+    assert err.max() <= 3, (float(err.max()), float(x[np.argmax(err)]))
+    special = np.array([-np.inf, np.nan, -1e4, -746.0])
+    out = np.empty_like(special)
+    _log1pexp_array(special, out)
+    assert out[0] == 0.0 and np.isnan(out[1]) and (out[2:] == 0.0).all()
 
 
 @pytest.mark.parametrize("dtype, below", [(np.float32, [-1e4, -104.0, -88.0]),
@@ -52,14 +73,14 @@ def test_exp_special_values(dtype, below):
 
 
 @pytest.fixture(autouse=True)
-def rows_everywhere(monkeypatch):  # noqa: ANN001, ANN201
+def rows_everywhere(monkeypatch):
     """The row passes for every width here (by default only rows of >= 512 classes for
     RNN-T, >= 128 for the many-arc tables)."""
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 1)
     monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 1)
 
 
-def _batch(B, T, U, V, seed, dtype=torch.float32):  # noqa: ANN001, ANN202
+def _batch(B, T, U, V, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, U + 1, V, generator=g, dtype=dtype) * 3
     tg = torch.randint(1, V, (B, U), generator=g)
@@ -69,7 +90,7 @@ def _batch(B, T, U, V, seed, dtype=torch.float32):  # noqa: ANN001, ANN202
     return x, tg, il, tl
 
 
-def _loss_grad(x, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+def _loss_grad(x, *args, **kw):
     x = x.detach().clone().requires_grad_()
     loss = seqloss.rnnt_loss(x, *args, blank=0, reduction="none", **kw)
     (g,) = torch.autograd.grad(loss.sum(), x)
@@ -129,14 +150,14 @@ def test_huge_logits_keep_their_digits():
     torch.testing.assert_close(ga.double(), gb, rtol=1e-4, atol=1e-6)
 
 
-def _grads(fn, x, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+def _grads(fn, x, *args, **kw):
     xs = tuple(t.detach().clone().requires_grad_() for t in (x if isinstance(x, tuple) else (x,)))
     loss = fn(xs if isinstance(x, tuple) else xs[0], *args, reduction="none", **kw)
     gs = torch.autograd.grad(loss.sum(), xs)
     return loss.detach(), torch.cat(gs, -1)
 
 
-def _pack(x, il, tl):  # noqa: ANN001, ANN202
+def _pack(x, il, tl):
     return torch.cat([x[b, : il[b], : tl[b] + 1].reshape(-1, x.shape[-1]) for b in range(len(il))])
 
 
@@ -229,7 +250,7 @@ def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
     calls = []
     orig = numba_rows.RowPasses.prologue
 
-    def spy(self, g=None):  # noqa: ANN001, ANN202
+    def spy(self, g=None):
         calls.append(self.V)
         return orig(self, g)
 

@@ -30,7 +30,7 @@ _LN2LO = 1.9082149292705877e-10
 _MIN = -708.0
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _exp_f32(x):  # noqa: ANN001, ANN202
+def _exp_f32(x):
     xx = max(x, _MIN_F)
     # floor, not the 1.5 * 2**23 shift: the shift's rounding does not survive "reassoc".
     n = np.floor(xx * _L2E_F + np.float32(0.5))
@@ -45,7 +45,7 @@ def _exp_f32(x):  # noqa: ANN001, ANN202
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _exp_f64(x):  # noqa: ANN001, ANN202
+def _exp_f64(x):
     xx = max(x, _MIN)
     n = np.floor(xx * _L2E + 0.5)
     r = xx - n * _LN2HI
@@ -57,13 +57,13 @@ def _exp_f64(x):  # noqa: ANN001, ANN202
     return p * scale if x >= _MIN else (0.0 if x < _MIN else x)
 
 
-def vexp(x):  # noqa: ANN001, ANN202
+def vexp(x):
     """``exp`` in the argument's own precision (Numba only)."""
     raise NotImplementedError
 
 
 @overload(vexp)
-def _exp_impl(x):  # noqa: ANN001, ANN202
+def _exp_impl(x):
     # Not inline="always": Numba's inliner then warns on the branches (LLVM inlines it).
     if x == types.float32:
         return lambda x: _exp_f32(x)
@@ -71,7 +71,7 @@ def _exp_impl(x):  # noqa: ANN001, ANN202
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def vlog1pexp(d):  # noqa: ANN001, ANN202
+def vlog1pexp(d):
     """``log1p(exp(d))`` for float64 ``d <= 0`` (the correction of a logaddexp),
     branch-free so a loop of them vectorizes: ``y = exp(d)`` in ``(0, 1]``, then
     ``log1p(y) = 2 atanh(s)``, ``s = y / (2 + y)`` in ``[0, 1/3]``, by its odd series to

@@ -257,6 +257,33 @@ def _lse(x: Tensor) -> Tensor:
     return m[..., 0].to(torch.float64) + s.to(torch.float64).log_()
 
 
+def _row_passes(plan: _Plan, x: Tensor) -> object | None:
+    """The CPU backend's row passes over a tile's token rows ``x (nb, nt, nu, V+D)`` (one
+    read of the logits for the normalizers, one in-place epilogue for the gradient), or
+    None where torch's ops run instead (CUDA, the reference, narrow rows)."""
+    if plan.backend != "numba" or x.device.type != "cpu":
+        return None
+    from .joint.numba_rows import RowPasses, rows_ok
+
+    if not rows_ok(plan.V, x):
+        return None
+    nb, nt, nu = x.shape[:3]
+    row_max = torch.empty((nb, nt, nu), dtype=x.dtype)
+    row_sum = torch.empty((nb, nt, nu), dtype=x.dtype)
+    return RowPasses(x[..., :plan.V], [nt] * nb, [nu - 1] * nb, [0] * nb, plan.V, row_max, row_sum)
+
+
+def _tile_lse(plan: _Plan, x: Tensor) -> Tensor:
+    """The float64 log-normalizers of the tile's token rows (see ``_lse``)."""
+    rp = _row_passes(plan, x)
+    if rp is None:
+        return _lse(x[..., :plan.V])
+    rp.prologue()  # type: ignore[attr-defined]
+    # As _lse: the max exact, the float32 sum's log in float64; a row of -inf has
+    # shift 0 and sum 0, so log Z = -inf; NaN or +inf in a row gives NaN.
+    return rp.row_max.to(torch.float64) + rp.row_sum.to(torch.float64).log_()  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- forward
 def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sequence losses ``(B,)`` (float64), ``bad (B,)`` and the output dtype probe.
@@ -296,7 +323,7 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
         x = logits.to(acc)
         del logits
         xt = x[..., :V]
-        z = _lse(xt)
+        z = _tile_lse(plan, x)
         sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
         lz[sl] = z
         lb[sl] = xt.index_select(-1, tok_idx).to(f64) - z[..., None]
@@ -390,6 +417,12 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     x = logits.detach()
     if x.dtype != acc:
         x = x.to(acc)
+    clamp_any = any(br.table.clamp > 0 for br in plan.branches)
+    single = (len(plan.branches) == 1 and not clamp_any
+              and plan.branches[0].table.num_durations == D)
+    rp = _row_passes(plan, x) if single and not D else None
+    if rp is not None:
+        return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead)
     p = torch.empty(x.shape, dtype=acc, device=device)
     _minus_lse(p[..., :V], x[..., :V], plan.lz[sl])  # type: ignore[attr-defined]
     if D:
@@ -402,9 +435,6 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     mb = mb[:, None, None]
     idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
     tok_idx = list(plan.blank_tokens)
-    clamp_any = any(br.table.clamp > 0 for br in plan.branches)
-    single = (len(plan.branches) == 1 and not clamp_any
-              and plan.branches[0].table.num_durations == D)
 
     def epilogue(g: Tensor, br: _Branch, f: Tensor, dur: bool = True) -> Tensor:
         # g holds the softmax; f the per-sequence factor (nb, 1, 1) folded in, or 1
@@ -437,6 +467,13 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     # occupation): a matmul reading them runs many times slower on x86 (measured: up to
     # 15% of a tile's entries, 3x the backward's time); NaN stays NaN.
     g = torch.nn.functional.hardshrink(g, torch.finfo(acc).tiny)
+    return _tile_masks(g, tile, pad, bad, bad_host)
+
+
+def _tile_masks(g: Tensor, tile: Tile, pad: _Pad | None, bad: Tensor,
+                bad_host: list[bool]) -> Tensor:
+    """Zero on the copies standing in for padding, NaN on a NaN sequence's rows."""
+    b0, b1 = tile[0], tile[1]
     mask = None if pad is None else pad.mask
     if mask is not None:
         g.masked_fill_(~mask[..., None], 0.0)
@@ -444,6 +481,31 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
         badm = bad[b0:b1, None, None] if mask is None else bad[b0:b1, None, None] & mask
         g.masked_fill_(badm[..., None], float("nan"))
     return g
+
+
+def _tile_grad_rows(plan: _Plan, tile: Tile, pad: _Pad | None, x: Tensor, rp: object,
+                    m: Tensor, bad: Tensor, bad_host: list[bool], dead: Tensor | None) -> Tensor:
+    """``_tile_grad`` of one RNN-T-like table (one branch, no clamp, no durations) through
+    the CPU backend's row passes: ``exp(x - max)`` written once, then scaled in place by
+    ``occupation / sum`` minus the arcs' occupations (subnormals flushed there)."""
+    import numpy as np
+
+    b0, b1, t0, t1, u0, u1 = tile
+    br = plan.branches[0]
+    sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
+    f = m[b0:b1] * br.weight
+    if dead is not None:
+        f = torch.where(dead[b0:b1], 0.0, f)
+    f = f.to(torch.float64)[:, None, None]
+    # The per-sequence factor folded into the occupations (no clamp here): the kernel's
+    # row total, their sum, carries it too.
+    ob = (br.occ_blank[sl] * f[..., None]).to(x.dtype)  # type: ignore[index]
+    oe = (br.occ_emit[sl] * f).to(x.dtype)[..., None]  # type: ignore[index]
+    g = torch.empty(x.shape, dtype=x.dtype)
+    rp.prologue(g)  # type: ignore[attr-defined]
+    rp.epilogue(g, ob, oe, list(plan.blank_tokens), plan.targets[b0:b1, u0:u1], 1.0, 0.0,  # type: ignore[attr-defined]
+                1.0, np.zeros(b1 - b0, np.uint8), emit_last=True)
+    return _tile_masks(g, tile, pad, bad, bad_host)
 
 
 def _keep(grad: Tensor, keep: Tensor | None) -> Tensor:
@@ -454,7 +516,7 @@ def _keep(grad: Tensor, keep: Tensor | None) -> Tensor:
 
 class _FromJoint(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, plan, encoder_out, predictor_out, *params):  # noqa: ANN001, ANN205
+    def forward(ctx, plan, encoder_out, predictor_out, *params):
         states: list = []
         ctx.autocast = _autocast_state()
         loss, bad, probe = _forward(plan, encoder_out, predictor_out, states)
@@ -485,7 +547,7 @@ class _FromJoint(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_loss):
         plan: _Plan = ctx.plan
         enc, pred, *params = ctx.saved_tensors
         device = enc.device
@@ -612,7 +674,7 @@ def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tenso
     plan.probe_dtype = probe.dtype  # type: ignore[attr-defined]
     plan.tiles = _plan_tiles(Tl, Ul, T, U1, plan.chunk_rows)
     plan.pads = _plan_pads(plan, device)
-    if torch._C._are_functorch_transforms_active():  # noqa: SLF001
+    if torch._C._are_functorch_transforms_active():
         raise NotImplementedError(
             "seqloss: the *_loss_from_joint losses do not support torch.func transforms "
             "(their backward runs the joint network again under autograd); use "

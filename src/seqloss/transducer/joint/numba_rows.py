@@ -39,7 +39,7 @@ _LANES = 16
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
+def _row_max(xrow, V, acc):
     """The row's maximum (with NaN: any value; the caller finds NaN in the row's sum).
 
     ``acc``: scratch of ``_LANES`` entries. LLVM does not vectorize a max *reduction*
@@ -63,7 +63,7 @@ def _row_max(xrow, V, acc):  # noqa: ANN001, ANN202
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
-                  ro, rst, bad, job):  # noqa: ANN001, ANN201, PLR0913
+                  ro, rst, bad, job):
     """Rows ``(t, u)``, ``jt0[job] <= t < jt1[job]``, ``u < ub1[b]``, of sequence ``b = jb[job]``.
 
     Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]``; its shift and sum (in
@@ -119,8 +119,8 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, rs, ro, rst, ob, oe, cls, tg, scale,
-                  clamp, gscale, skip, job):  # noqa: ANN001, ANN201, PLR0913
+def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe, cls, tg,
+                  scale, clamp, gscale, skip, job):
     """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``), in place
     over the ``exp(x - m)`` the prologue wrote into ``g``:
 
@@ -129,13 +129,16 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, rs, ro, rst, ob, oe, cl
 
     ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
     (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
-    label ``tg[b, u]`` (scaled by ``scale``, FastEmit's ``1 + lambda``); ``total`` is
-    their sum (float64). ``clamp <= 0``: no clamp. Sequences with ``skip[b]`` are left alone.
+    label ``tg[b, u]`` (scaled by ``scale``, FastEmit's ``1 + lambda``) on rows
+    ``u < ue[b]``; ``total`` is their sum (float64). ``clamp <= 0``: no clamp. Sequences
+    with ``skip[b]`` are left alone. Products below the smallest normal number are
+    flushed to 0 (a matmul reading subnormals runs many times slower on x86: the joint's
+    backward reads this gradient).
     """
     b = jb[job]
     if skip[b]:
         return
-    ub = ub1[b] - 1
+    ub = ue[b]
     Db = ob.shape[3]
     De = oe.shape[3]
     obf = ob.reshape(-1)
@@ -143,9 +146,11 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, rs, ro, rst, ob, oe, cl
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
     hi = clamp if clamp > 0 else np.inf
-    wbuf = np.empty(3, g.dtype)  # in g's dtype: the row's products stay in its precision
+    wbuf = np.empty(4, g.dtype)  # in g's dtype: the row's products stay in its precision
+    wbuf[3] = np.finfo(g.dtype).tiny
+    tiny = wbuf[3]
     for t in range(jt0[job], jt1[job]):
-        for u in range(ub + 1):
+        for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             total = 0.0
             for i in range(Db):
@@ -164,7 +169,8 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, rs, ro, rst, ob, oe, cl
             gr = g0 + t * gs0 + u * gs1
             grow = g[gr : gr + V]
             for v in range(V):
-                grow[v] = grow[v] * w
+                p = grow[v] * w
+                grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
             for i in range(Db):
                 grow[cls[i]] -= obf[k * Db + i]
             if u < ub:
@@ -247,6 +253,7 @@ class RowPasses:
         B = len(Tl)
         self.ro = own_lines(np.asarray([b * T * U1 for b in range(B)], i64))
         self.rst = own_lines(np.asarray([U1] * B, i64))
+        self.row_max, self.row_sum = row_max, row_sum
         self.rm, self.rs = row_max.view(-1).numpy(), row_sum.view(-1).numpy()
         self.x = x
 
@@ -279,16 +286,18 @@ class RowPasses:
 
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray) -> None:
+                 skip: np.ndarray, emit_last: bool = False) -> None:
         """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
-        (see ``_epilogue_job``); ``g`` may be the logits."""
+        (see ``_epilogue_job``); ``g`` may be the logits. ``emit_last``: the last row of
+        each sequence has emission arcs too (a tile of a longer lattice)."""
         jb, j0, j1, cost = self.jobs
         if not cost:
             return
         tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
-        run_jobs(_epilogue_job, (*self._addr(g), self.V, jb, j0, j1, self.ub1,
+        ue = self.ub1 if emit_last else own_lines(self.ub1 - 1)
+        run_jobs(_epilogue_job, (*self._addr(g), self.V, jb, j0, j1, self.ub1, ue,
                                  self.rs, self.ro, self.rst,
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),
                                  own_lines(np.asarray(cls, np.int64)), tgn, float(scale),

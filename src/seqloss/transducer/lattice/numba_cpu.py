@@ -26,7 +26,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _term(a, x):  # noqa: ANN001, ANN202
+def _term(a, x):
     # ``a + x`` with ``-inf`` an exact zero on either side: an arc out of an
     # unreachable state, or a masked arc, adds nothing even when the other side is
     # NaN, so a non-finite score that no complete path takes cannot poison the sum.
@@ -37,7 +37,7 @@ def _term(a, x):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):  # noqa: ANN001, ANN202
+def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):
     """Alpha (``backward`` 0) or beta (1) of one sequence with RNN-T's arcs (blank +1
     frame, emission +0 frames), in float64 whatever the arcs' dtype.
 
@@ -97,7 +97,7 @@ def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):  # noqa: ANN001, AN
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lse(buf, n):  # noqa: ANN001, ANN202
+def _lse(buf, n):
     """``log sum exp`` of ``buf[:n]``: the max, then one ``exp`` per term and one ``log``
     (not ``n - 1`` guarded logaddexps: half the transcendental calls on a many-arc
     state). ``-inf`` terms are exact zeros; a NaN term gives NaN; no epsilon."""
@@ -117,7 +117,7 @@ def _lse(buf, n):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True)
-def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):  # noqa: ANN001, ANN202
+def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):
     """Forward variables of one sequence (states t <= Tb, u <= Ub).
 
     ``ce`` (emit_can_end): 1 lets an emission land on frame ``Tb``, 0 stops it at ``Tb - 1``.
@@ -144,7 +144,7 @@ def _alpha(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, alpha):  # noqa: ANN001, ANN
 
 
 @njit(cache=True, nogil=True)
-def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):  # noqa: ANN001, ANN202
+def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):
     """Backward variables of one sequence; beta(Tb, Ub) = 0."""
     neg = arc_blank.dtype.type(NEG_INF)
     buf = np.empty(bd.shape[0] + ed.shape[0], dtype=np.float64)
@@ -169,7 +169,8 @@ def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):  # noqa: ANN001, ANN20
 
 
 @njit(cache=True, nogil=True)
-def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll, rnnt, job):  # noqa: ANN001, ANN201
+def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll, rnnt,
+                                 job):
     """Job ``2 b``: sequence ``b``'s alpha and ``ll[b]``; job ``2 b + 1``: its beta.
 
     ``rnnt``: the durations are RNN-T's (``bd == (1,)``, ``ed == (0,)``).
@@ -190,7 +191,7 @@ def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha,
 
 
 @njit(cache=True, nogil=True)
-def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll,  # noqa: ANN001, ANN201
+def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll,
                                  occ_blank, occ_emit, b):
     """Sequence ``b``: the occupations of its arcs.
 
@@ -225,7 +226,7 @@ def transducer_occupation_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _rnnt_occupation_kernel(ab, ae, Tl, Ul, alpha, beta, ll, occ_b, occ_e, job):  # noqa: ANN001, ANN201
+def _rnnt_occupation_kernel(ab, ae, Tl, Ul, alpha, beta, ll, occ_b, occ_e, job):
     """RNN-T's arc occupations of sequence ``b = job``, every entry of its rows written
     (0 where no path reads: frames ``t >= T_b``, rows ``u > U_b``, emissions at ``U_b``,
     and the whole sequence without a path). ``exp(alpha + arc + beta - ll)`` along
@@ -329,7 +330,7 @@ def transducer_lattice(
 
 # --------------------------------------------------------------------------- max-plus
 @njit(cache=True, nogil=True)
-def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, kind, idx, dur, ce, score, frames, arcs, b):  # noqa: ANN001, ANN201
+def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, kind, idx, dur, ce, score, frames, arcs, b):
     """Sequence ``b``: the max-plus recursion with back-pointers, then the backtrack.
 
     Candidates in the tie-break order of ``reference.viterbi_order`` (``kind`` 1 for an
