@@ -63,11 +63,16 @@ def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):
         out[Tb, Ub] = 0.0
     else:
         out[0, 0] = 0.0
+    flo, fhi = 0, 0  # the previous diagonal's states that are not -inf lie in [flo, fhi]
     for n in range(1, Tb + Ub + 1):
         lo = max(0, n - Tb)
-        m = min(n, Ub) - lo + 1
-        for k in range(m):
-            j = lo + k
+        hi = min(n, Ub)
+        # Only states next to a reachable one can be reachable: a pruned lattice (a band
+        # of a few rows) costs its band, not the whole diagonal.
+        clo = max(lo, flo)
+        m = min(hi, fhi + 1) - clo + 1
+        for k in range(max(m, 0)):
+            j = clo + k
             i = n - j
             if backward:  # state (Tb - i, Ub - j): both its arcs leave frame Tb - i < Tb
                 t, u = Tb - i, Ub - j
@@ -76,23 +81,30 @@ def _sweep_rnnt(arc_blank, arc_emit, Tb, Ub, out, backward):
             else:  # state (i, j): from (i - 1, j) by a blank, from (i, j - 1) by an emission
                 xb[k] = arc_blank[i - 1, j, 0] if i >= 1 else NEG_INF
                 xe[k] = arc_emit[i, j - 1, 0] if (j >= 1 and i < Tb) else NEG_INF
-        # Views from index 0: LLVM then knows the indices are not negative and vectorizes.
-        pb = prev[lo + 1:lo + 1 + m]
-        pe = prev[lo:lo + m]
-        c = cur[lo + 1:lo + 1 + m]
-        for k in range(m):
-            a = pb[k] + xb[k]
-            a = NEG_INF if (pb[k] == NEG_INF or xb[k] == NEG_INF) else a
-            b = pe[k] + xe[k]
-            b = NEG_INF if (pe[k] == NEG_INF or xe[k] == NEG_INF) else b
-            r = (a if a > b else b) + vlog1pexp(-abs(a - b))  # NaN on either side: NaN
-            c[k] = NEG_INF if (a == NEG_INF and b == NEG_INF) else r
-        for k in range(m):
-            j = lo + k
+        for j in range(lo, hi + 1):
+            cur[j + 1] = NEG_INF
+        flo, fhi = hi + 1, lo - 1
+        if m > 0:
+            # Views from index 0: LLVM then knows the indices are not negative and vectorizes.
+            pb = prev[clo + 1:clo + 1 + m]
+            pe = prev[clo:clo + m]
+            c = cur[clo + 1:clo + 1 + m]
+            for k in range(m):
+                a = pb[k] + xb[k]
+                a = NEG_INF if (pb[k] == NEG_INF or xb[k] == NEG_INF) else a
+                b = pe[k] + xe[k]
+                b = NEG_INF if (pe[k] == NEG_INF or xe[k] == NEG_INF) else b
+                r = (a if a > b else b) + vlog1pexp(-abs(a - b))  # NaN on either side: NaN
+                c[k] = NEG_INF if (a == NEG_INF and b == NEG_INF) else r
+            for k in range(m):
+                if c[k] != NEG_INF:  # NaN included: it must reach the end
+                    flo = min(flo, clo + k)
+                    fhi = clo + k
+        for j in range(lo, hi + 1):
             if backward:
-                out[Tb - n + j, Ub - j] = c[k]
+                out[Tb - n + j, Ub - j] = cur[j + 1]
             else:
-                out[n - j, j] = c[k]
+                out[n - j, j] = cur[j + 1]
         prev, cur = cur, prev
 
 
