@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from .._core import checks
+from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.reduce import finish, volume_weight
@@ -894,10 +895,9 @@ tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materia
 _EAGER = ("seqloss's losses from the joint network run eagerly: the joint is re-run inside "
           "their backward pass, which torch.compile cannot trace (compile without "
           "fullgraph=True for a graph break here)")
-rnnt_loss_from_joint = torch.compiler.disable(rnnt_loss_from_joint, reason=_EAGER)
-multiblank_rnnt_loss_from_joint = torch.compiler.disable(multiblank_rnnt_loss_from_joint,
-                                                         reason=_EAGER)
-tdt_loss_from_joint = torch.compiler.disable(tdt_loss_from_joint, reason=_EAGER)
+rnnt_loss_from_joint = eager_only(rnnt_loss_from_joint, _EAGER)
+multiblank_rnnt_loss_from_joint = eager_only(multiblank_rnnt_loss_from_joint, _EAGER)
+tdt_loss_from_joint = eager_only(tdt_loss_from_joint, _EAGER)
 
 __all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA",
            "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint", "tdt_loss_from_joint"]

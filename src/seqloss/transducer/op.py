@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on
 from .._core.reduce import finish, mean_grad_scale, volume_weight
@@ -175,9 +176,6 @@ rnnt_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 12
                                setup_context=_transducer_setup)
 
 
-# A mutation of the caller's logits cannot be traced: under torch.compile this is a
-# graph break (it runs eagerly; fullgraph=True raises).
-@torch.compiler.disable
 def rnnt_loss_inplace(
     logits: Tensor,
     targets: Tensor,
@@ -203,6 +201,13 @@ def rnnt_loss_inplace(
     return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
                               fused_log_softmax, fastemit_lambda, reduction, zero_infinity,
                               backend, validate)
+
+
+# A mutation of the caller's logits cannot be traced: under torch.compile this is a
+# graph break (it runs eagerly; fullgraph=True raises).
+rnnt_loss_inplace = eager_only(
+    rnnt_loss_inplace, "seqloss's in-place rnnt_loss (inplace_grad=True) overwrites the "
+    "caller's logits, which torch.compile cannot trace")
 
 
 class _RNNTInplace(torch.autograd.Function):
