@@ -48,28 +48,97 @@ def _check_ctc_feasible(targets: Tensor, input_lengths: Tensor, target_lengths: 
         )
 
 
+def _full_extents(lp: Tensor, tg: Tensor, il: object, tl: object) -> tuple[object, object]:
+    """Omitted lengths as torchaudio's ``forced_align`` takes them: every frame, every id."""
+    if lp.dim() == 2:  # unbatched (T, C), targets (S,)
+        return (lp.shape[0] if il is None else il), (tg.numel() if tl is None else tl)
+    if lp.dim() != 3:
+        return il, tl  # ctc_inputs names the shape
+    T, B = lp.shape[:2]
+    if il is None:
+        il = torch.full((B,), T, dtype=torch.int64, device=lp.device)
+    if tl is None:
+        if tg.dim() == 2:  # a batch mismatch is then reported on the targets
+            tl = torch.full((B,), tg.shape[1], dtype=torch.int64, device=lp.device)
+        elif tg.dim() == 1 and B == 1:
+            tl = [tg.numel()]
+        elif tg.dim() == 1:
+            raise InputError(f"target_lengths is required with concatenated 1-D targets and "
+                             f"B = {B} sequences (where each sequence ends is not known)")
+    return il, tl
+
+
+def _ctc_align_inputs(log_probs: Tensor, targets: object, input_lengths: object,
+                      target_lengths: object, blank: int, batch_first: bool, validate: bool
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, bool]:
+    """Checked ``(log_probs (T, B, C), padded targets, input_lengths, target_lengths,
+    unbatched)``, 3-D ``log_probs`` read as ``(B, T, C)`` when ``batch_first``."""
+    checks.check_float_tensor(log_probs, "log_probs")
+    if batch_first and log_probs.dim() == 3:
+        log_probs = log_probs.transpose(0, 1)
+    if input_lengths is None or target_lengths is None:
+        targets = checks.as_targets_tensor(targets, log_probs.device)
+        input_lengths, target_lengths = _full_extents(log_probs, targets, input_lengths,
+                                                      target_lengths)
+    lp, tg, il, tl, unbatched = ctc_inputs(log_probs, targets, input_lengths, target_lengths,
+                                           blank)
+    padded = ctc_values(tg, il, tl, lp.shape[0], lp.shape[2], blank, validate=validate)
+    if validate:
+        _check_ctc_feasible(padded, il, tl)
+    return lp, padded, il, tl, unbatched
+
+
+def _layout_hint(log_probs: object, targets: object, input_lengths: object,
+                 target_lengths: object, blank: int, batch_first: bool, validate: bool
+                 ) -> str | None:
+    """What to say when the arguments fail in the layout asked for but pass in the other."""
+    if not isinstance(log_probs, Tensor) or log_probs.dim() != 3:
+        return None
+    try:
+        _ctc_align_inputs(log_probs, targets, input_lengths, target_lengths, blank,
+                          not batch_first, validate)
+    except (InputError, TypeError):
+        return None
+    shape = tuple(log_probs.shape)
+    if batch_first:
+        return (f"log_probs {shape} was read as (B, T, C) (batch_first=True), and the "
+                f"arguments fit it read as (T, B, C): for time-first log_probs, as ctc_loss "
+                f"takes them, pass batch_first=False")
+    return (f"log_probs {shape} was read as (T, B, C) (batch_first=False), and the arguments "
+            f"fit it read as (B, T, C): for batch-first log_probs, as torchaudio's "
+            f"forced_align takes them ((1, T, C)), pass batch_first=True")
+
+
 @torch.no_grad()
 def ctc_align(
     log_probs: Tensor,
     targets: Tensor | Sequence[int] | Sequence[Sequence[int]],
-    input_lengths: IntsLike,
-    target_lengths: IntsLike,
+    input_lengths: IntsLike | None = None,
+    target_lengths: IntsLike | None = None,
     blank: int = 0,
     *,
+    batch_first: bool = False,
     backend: str = "auto",
     validate: bool = True,
 ) -> tuple[Tensor, Tensor]:
     r"""Batched CTC forced alignment (Viterbi): always a best path, ties broken by a fixed rule.
 
     Args:
-        log_probs: ``(T, B, C)`` or unbatched ``(T, C)`` log-probabilities
-            (float16, bfloat16, float32, float64; any layout). Any real values are
-            accepted; ``-inf`` masks a class.
+        log_probs: ``(T, B, C)`` (``(B, T, C)`` with ``batch_first=True``) or
+            unbatched ``(T, C)`` log-probabilities (float16, bfloat16, float32,
+            float64; any strides). Any real values are accepted; ``-inf`` masks a class.
         targets: padded ``(B, S)`` or concatenated 1-D int32/int64 ids (unbatched:
             ``(S,)``), as :func:`seqloss.ctc_loss`. Padding is never read.
-        input_lengths: ``(B,)`` frames per sequence, ``<= T`` (tensor or ints).
-        target_lengths: ``(B,)`` labels per sequence.
+        input_lengths: ``(B,)`` frames per sequence, ``<= T`` (tensor or ints);
+            omitted: ``T`` each.
+        target_lengths: ``(B,)`` labels per sequence; omitted: every id (``S`` each
+            for padded targets; concatenated 1-D targets need them when ``B > 1``).
         blank: the blank class, ``0 <= blank < C``.
+        batch_first: read 3-D ``log_probs`` as ``(B, T, C)``, torchaudio's
+            ``forced_align`` layout (``(1, T, C)`` there); ignored for ``(T, C)``. The
+            layout is never guessed: when ``B == T`` both readings fit and this flag
+            alone decides; when the arguments fit only the other reading, the
+            ``InputError`` says so.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
         validate: check lengths, ids and feasibility (a device-to-host sync on
             CUDA); ``False`` skips them at the caller's risk.
@@ -116,14 +185,18 @@ def ctc_align(
     """
     blank = checks.int_arg(blank, "blank")
     validate = checks.flag(validate, "validate")
-    lp, tg, il, tl, unbatched = ctc_inputs(
-        log_probs, targets, input_lengths, target_lengths, blank
-    )
+    batch_first = checks.flag(batch_first, "batch_first")
+    try:
+        lp, padded, il, tl, unbatched = _ctc_align_inputs(
+            log_probs, targets, input_lengths, target_lengths, blank, batch_first, validate)
+    except InputError as e:
+        hint = _layout_hint(log_probs, targets, input_lengths, target_lengths, blank,
+                            batch_first, validate)
+        if hint is None:
+            raise
+        raise InputError(f"{e}; {hint}") from e
     T, B, C = lp.shape
     name = resolve_backend(backend, lp.device)
-    padded = ctc_values(tg, il, tl, T, C, blank, validate=validate)
-    if validate:
-        _check_ctc_feasible(padded, il, tl)
     labels, scores = kernel_module("align", name).ctc_align_forward(lp, padded, il, tl, blank)
     if T and B:
         # NaN or +inf in a read frame, whatever the class: amax propagates NaN.
