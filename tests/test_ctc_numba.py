@@ -204,7 +204,8 @@ def _child_loss(lp, tg, il, tl):
     return nk.ctc_loss_forward(lp, tg, il, tl, 0, False, False)[0]
 
 
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean_target", "mean_batch",
+                                       "mean_volume"])
 @pytest.mark.parametrize("variant", ["padded", "concat", "fused", "btc", "zero_inf", "float32"])
 def test_pool_and_inline_paths_agree(monkeypatch, reduction, variant):
     """A small batch runs inline (one call: checks, sequences, reduction), a large one on
@@ -237,10 +238,14 @@ def test_pool_and_inline_paths_agree(monkeypatch, reduction, variant):
     want, want_g = rk.ctc_loss_forward(lp.double(), tg, il, tl, 0, fused, True)
     if variant == "zero_inf":
         want = torch.where(torch.isinf(want), 0.0, want)
-    w = 1.0 / (tl.clamp(min=1).double() * len(tl))
+    B = len(tl)
+    w = {"mean_target": 1.0 / (tl.clamp(min=1).double() * B),
+         "mean_batch": torch.full((B,), 1.0 / B, dtype=torch.float64),
+         "mean_volume": torch.full((B,), 1.0 / max(int(tl.sum()), 1), dtype=torch.float64),
+         }.get(reduction)
     if reduction == "sum":
         want = want.sum()
-    elif reduction == "mean":
+    elif w is not None:
         want = (want * w).sum()
         want_g = want_g * w[None, :, None]
     tol = 1e-5 if variant == "float32" else 1e-10

@@ -255,7 +255,9 @@ def _weights(name: str, reduction: str, spec: Spec) -> list[float]:
         return [1.0] * B
     if reduction == "mean_volume":
         return [1.0 / max(sum(spec.Ub), 1)] * B
-    if name.startswith("ctc"):  # torch's mean
+    # "mean": torch's (CTC), NeMo's (multi-blank, TDT): each loss over max(U_b, 1)
+    if reduction == "mean_target" or (
+            reduction == "mean" and name.startswith(("ctc", "multiblank", "tdt"))):
         return [1.0 / (B * max(u, 1)) for u in spec.Ub]
     return [1.0 / B] * B
 
@@ -374,8 +376,6 @@ def test_ctc_fast_lane_zeroes_the_gradient():
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("name", "dtype"), CASES)
 def test_zero_infinity_on_overflow(name, dtype, backend, reduction):
-    if reduction == "mean_volume" and name.startswith("ctc"):
-        pytest.skip("CTC has no mean_volume")
     slow = backend == "triton" and not torch.cuda.is_available()
     if slow and reduction in ("sum", "mean_volume"):
         pytest.skip("the interpreter is slow; the reductions share one finish with the others")
@@ -383,15 +383,14 @@ def test_zero_infinity_on_overflow(name, dtype, backend, reduction):
     check_zero_infinity(name, spec, backend, dtype, reduction)
 
 
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "mean_volume"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "mean_volume", "mean_target",
+                                       "mean_batch"])
 @pytest.mark.parametrize("name", ["ctc", "rnnt", "rnnt_packed", "tdt_pair_omega", "multiblank"])
 def test_zero_infinity_without_host_reads(monkeypatch, name, reduction):
     # As on a device: no host read decides, the zeroing always runs (a masked pass, or
     # folded into the reduction's weights where those multiply the gradient anyway).
     from seqloss._core import checks
 
-    if reduction == "mean_volume" and name == "ctc":
-        reduction = "mean"
     monkeypatch.setattr(checks, "host_side", lambda t: False)
     spec = Spec(Tb=(3, 4, 4), Ub=(1, 2, 0), hot=(True, False, True), seed=11)
     check_zero_infinity(name, spec, "reference", torch.float32, reduction)
@@ -413,8 +412,6 @@ def specs(draw):
 @pytest.mark.parametrize(("name", "dtype"), CASES)
 @given(spec=specs(), reduction=st.sampled_from(["none", "sum", "mean", "mean_volume"]))
 def test_hypothesis_zero_infinity_on_overflow(name, dtype, backend, spec, reduction):
-    if reduction == "mean_volume" and name.startswith("ctc"):
-        reduction = "mean"
     check_zero_infinity(name, spec, backend, dtype, reduction)
 
 

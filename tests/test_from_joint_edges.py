@@ -274,8 +274,9 @@ def test_zero_infinity_on_overflow_zeroes_the_whole_gradient(kind, reduction, ch
     ``finfo(float32).min`` logits, so its float32 loss is +inf; ``zero_infinity`` makes
     it 0 and takes its whole gradient away (its encoder frames, its predictor rows, its
     share of the joint's bias), whether or not it shares a tile with sequence 1, which
-    keeps the materialized float64 loss's value and gradient (its factor: 1, 1/B or
-    1/sum U_b). It was +inf with sequence 0's gradient kept ([.5, .5, -1] per frame)."""
+    keeps the materialized float64 loss's value and gradient (its factor: 1, the
+    mean's 1/B or 1/(B U_b), or 1/sum U_b). It was +inf with sequence 0's gradient
+    kept ([.5, .5, -1] per frame)."""
     V = 6
     W = V + (len(DURS) if kind == "tdt" else 0)
     blanks = [V - 1 - i for i in range(1 + (len(BIG) if kind == "mb" else 0))]
@@ -291,7 +292,9 @@ def test_zero_infinity_on_overflow_zeroes_the_whole_gradient(kind, reduction, ch
     kw = dict(chunk_elements=None if chunk is None else W)
     lo = _loss(kind, (e, p, joint), tg, Tl, tl, reduction=reduction, zero_infinity=True, **kw)
     lo.sum().backward()
-    factor = {"none": 1.0, "sum": 1.0, "mean": 0.5, "mean_volume": 0.5}[reduction]
+    # "mean": torchaudio's 1/B for RNN-T, NeMo's 1/(B U_b) for the others (U_1 = 2)
+    mean = 0.5 if kind == "rnnt" else 0.25
+    factor = {"none": 1.0, "sum": 1.0, "mean": mean, "mean_volume": 0.5}[reduction]
 
     j64 = AddJoint(W).double()
     e64 = enc[1:2, :4].clone().requires_grad_()

@@ -38,11 +38,14 @@ def _batch(B=3, T=5, U=2, V=7, *, seed=0, pad_t=1, pad_u=1, n_big=2, blank=-1, d
 
 
 def _weights(reduction, B, tl):
-    if reduction == "mean":
-        return 1.0 / B
+    """Per-sequence factors; ``"mean"`` is NeMo's: each loss over its target length."""
+    if reduction in ("mean", "mean_target"):
+        return 1.0 / (tl.double().clamp(min=1) * B)
+    if reduction == "mean_batch":
+        return torch.full((B,), 1.0 / B, dtype=torch.float64)
     if reduction == "mean_volume":
-        return 1.0 / max(int(tl.sum()), 1)
-    return 1.0
+        return torch.full((B,), 1.0 / max(int(tl.sum()), 1), dtype=torch.float64)
+    return torch.ones(B, dtype=torch.float64)
 
 
 def _oracle(x, tg, il, tl, bb, *, blank=-1, sigma=0.0, lam=0.0, clamp=-1.0, reduction="none",
@@ -67,7 +70,7 @@ def _oracle(x, tg, il, tl, bb, *, blank=-1, sigma=0.0, lam=0.0, clamp=-1.0, redu
             (gb,) = torch.autograd.grad(-ll, xb)
             if clamp > 0:
                 gb = gb.clamp(-clamp, clamp)
-            grad[b] = gb * w
+            grad[b] = gb * w[b]
             losses.append(-(1 + lam) * ll.detach())
         else:
             losses.append(torch.tensor(0.0 if zero_infinity else INF, dtype=torch.float64))

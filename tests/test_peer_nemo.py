@@ -9,8 +9,8 @@ the contract on purpose, the comparison says so:
   that changes nothing at float32 precision;
 - ``TDTLossPytorch`` allocates on CUDA unconditionally (``.cuda()``), so here
   ``Tensor.cuda`` is the identity while it runs;
-- their ``"mean"`` divides each loss by its target length (seqloss: the batch mean),
-  so reductions are compared through ``"none"``, ``"sum"`` and ``"mean_volume"``.
+- the reductions are NeMo's names and meanings (``"mean"``: each loss over its target
+  length, then the batch mean; ``"mean_batch"``; ``"mean_volume"``).
 
 NeMo's file is loaded by ``seqloss.testing.nemo_rnnt_pytorch`` (run without
 ``nemo.core``'s heavy imports, which the loss code does not use).
@@ -59,7 +59,7 @@ def test_multiblank_matches_nemo(seed: int, sigma: float) -> None:
     torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
 
-    for red in ("sum", "mean_volume"):
+    for red in ("sum", "mean_volume", "mean", "mean_batch"):
         ref = rnnt_pytorch.MultiblankRNNTLossPytorch(blank, big, reduction=red, sigma=sigma)
         torch.testing.assert_close(
             seqloss.multiblank_rnnt_loss(x.float(), tg, Tl, Ul, big, blank=blank, sigma=sigma,

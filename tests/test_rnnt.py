@@ -537,8 +537,8 @@ def test_opcheck(rnnt_backend):
     args = (x, tg, il, tl, 0, -1.0, True, 0.0, "none", False, rnnt_backend, True, True)
     torch.library.opcheck(_ops.rnnt_loss_op, args)
     xp = _pack(x.detach(), il, tl).requires_grad_()
-    torch.library.opcheck(_ops.rnnt_loss_op, (xp, tg, il, tl, 0, 0.2, False, 0.1, "mean", True,
-                                              rnnt_backend, True, True))
+    torch.library.opcheck(_ops.rnnt_loss_op, (xp, tg, il, tl, 0, 0.2, False, 0.1, "mean_target",
+                                              True, rnnt_backend, True, True))
 
 
 # ------------------------------------------------------------------ hypothesis

@@ -163,7 +163,7 @@ def test_tdt_long_clamp_and_mean():
     x, il, tl = _batch(3, 30, 5, 8 + 5, seed=3)
     tg = _targets(3, 5, 7, 3)
     xr = x.clone().requires_grad_()
-    loss = seqloss.tdt_loss(xr, tg, il, tl, durs, blank=-1, clamp=0.05, reduction="mean",
+    loss = seqloss.tdt_loss(xr, tg, il, tl, durs, blank=-1, clamp=0.05, reduction="mean_batch",
                             backend="numba")
     (g,) = torch.autograd.grad(loss, xr)
     want, want_g, _ = _oracle_tdt(x, tg, il, tl, durs, 0.0)

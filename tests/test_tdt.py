@@ -38,11 +38,14 @@ def _batch(B=3, T=5, U=2, V=6, D=3, *, seed=0, pad_t=1, pad_u=1, blank=-1, dtype
 
 
 def _weights(reduction, B, tl):
-    if reduction == "mean":
-        return 1.0 / B
+    """Per-sequence factors; ``"mean"`` is NeMo's: each loss over its target length."""
+    if reduction in ("mean", "mean_target"):
+        return 1.0 / (tl.double().clamp(min=1) * B)
+    if reduction == "mean_batch":
+        return torch.full((B,), 1.0 / B, dtype=torch.float64)
     if reduction == "mean_volume":
-        return 1.0 / max(int(tl.sum()), 1)
-    return 1.0
+        return torch.full((B,), 1.0 / max(int(tl.sum()), 1), dtype=torch.float64)
+    return torch.ones(B, dtype=torch.float64)
 
 
 def _oracle(x, tg, il, tl, durs, *, blank=-1, sigma=0.0, omega=0.0, clamp=-1.0, reduction="none",
@@ -84,7 +87,7 @@ def _oracle(x, tg, il, tl, durs, *, blank=-1, sigma=0.0, omega=0.0, clamp=-1.0, 
             parts.append((weight, -ll.detach(), g))
         loss = sum(wt * lv for wt, lv, _ in parts)
         if torch.isfinite(loss):
-            grad[b] = sum(wt * g for wt, _, g in parts) * w
+            grad[b] = sum(wt * g for wt, _, g in parts) * w[b]
         else:
             loss = torch.tensor(0.0 if zero_infinity else INF, dtype=torch.float64)
         losses.append(loss)
@@ -328,7 +331,7 @@ def test_opcheck():
     x = torch.nan_to_num(x).requires_grad_()
     table = seqloss.transducer.joint.table.tdt_table(5, 4, (0, 1), 0.1, 0.5)
     ints, floats = table.encode()
-    rest = (tg, il, tl, ints, floats, 0.25, "mean", False, "reference", True, True)
+    rest = (tg, il, tl, ints, floats, 0.25, "mean_target", False, "reference", True, True)
     torch.library.opcheck(_tdt.tdt_loss_op, (x, *rest))
     a, b = (x[..., :5].detach().clone().requires_grad_(),
             x[..., 5:].detach().clone().requires_grad_())

@@ -16,7 +16,7 @@ import torch
 from torch._C import _functorch
 
 from .errors import InputError, InputTypeError
-from .types import REDUCTIONS, TRANSDUCER_REDUCTIONS
+from .types import REDUCTIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -154,10 +154,12 @@ def check_padded_targets(tg: torch.Tensor, batch: int) -> torch.Tensor:
     return tg
 
 
-def check_reduction(reduction: object, *, transducer: bool = False) -> None:
-    allowed = TRANSDUCER_REDUCTIONS if transducer else REDUCTIONS
-    if not isinstance(reduction, str) or reduction not in allowed:
-        raise InputError(f"reduction must be one of {allowed}, got {reduction!r}")
+def check_reduction(reduction: object, mean: str) -> str:
+    """``reduction`` checked, with ``"mean"`` resolved to ``mean``, the explicit name of
+    what ``"mean"`` means in the library the calling loss replaces."""
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise InputError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return mean if reduction == "mean" else reduction
 
 
 def host_side(t: torch.Tensor) -> bool:

@@ -15,9 +15,12 @@ calls :func:`finish`:
   reduces to 0 for every reduction but ``"none"`` (never NaN: a data-parallel rank
   with no data still joins the backward).
 
-The weights: CTC's ``"mean"`` is torch's ``1 / (B max(L_b, 1))``; a transducer's
-``"mean"`` is the plain batch mean ``1 / B`` (torchaudio, k2), and
-``"mean_volume"`` NeMo's ``1 / sum_b U_b`` (1 when every ``U_b`` is 0).
+The means, as weights ``d out / d loss_b`` (``U_b``: sequence ``b``'s target length):
+``"mean_batch"`` ``1 / B``; ``"mean_target"`` ``1 / (B max(U_b, 1))`` (torch's CTC mean,
+NeMo's and transformers' transducer mean); ``"mean_volume"`` NeMo's ``1 / sum_b U_b`` (1
+when every ``U_b`` is 0). A sequence ``zero_infinity`` zeroes still counts in ``B`` and
+in ``sum_b U_b``, as in torch. ``"mean"`` never reaches this module: each loss resolves it
+(``checks.check_reduction``).
 """
 
 from __future__ import annotations
@@ -26,21 +29,51 @@ import torch
 
 from . import checks
 
+# Integer codes of the reductions, for kernels that reduce themselves (CTC's Numba one).
+NONE, SUM, MEAN_BATCH, MEAN_TARGET, MEAN_VOLUME = 0, 1, 2, 3, 4
+CODES = {"none": NONE, "sum": SUM, "mean_batch": MEAN_BATCH, "mean_target": MEAN_TARGET,
+         "mean_volume": MEAN_VOLUME}
 
-def ctc_mean_weights(target_lengths: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-    """Per-sequence factors of torch's CTC ``"mean"``: ``1 / (max(L_b, 1) * B)``."""
+
+def seq_weight(code: int, length: int, batch: int, total: int) -> float:
+    """Sequence ``b``'s weight for the reduction ``code`` (``length``: ``U_b``; ``total``:
+    ``sum_b U_b``), as :func:`weights`; plain arithmetic, so Numba compiles it too."""
+    if code == MEAN_BATCH:
+        return 1.0 / batch
+    if code == MEAN_TARGET:
+        return 1.0 / (max(length, 1) * batch)
+    if code == MEAN_VOLUME:
+        return 1.0 / max(total, 1)
+    return 1.0
+
+
+def weights(reduction: str, target_lengths: torch.Tensor, loss: torch.Tensor
+            ) -> torch.Tensor | None:
+    """The mean's weights, ``(B,)`` or 0-D in ``loss``'s dtype and device; ``None`` for
+    ``"none"`` and ``"sum"``."""
     B = loss.shape[0]
-    return 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
+    if reduction == "mean_batch":
+        return loss.new_tensor(1.0 / max(B, 1))
+    if reduction == "mean_target":
+        return 1.0 / (target_lengths.to(device=loss.device, dtype=loss.dtype).clamp(min=1) * B)
+    if reduction == "mean_volume":
+        return 1.0 / target_lengths.to(loss.device).sum().clamp(min=1).to(loss.dtype)
+    if reduction in ("none", "sum"):
+        return None
+    # "mean" (or a typo) reaching an op would silently sum: the losses resolve it first.
+    raise AssertionError(f"seqloss: unresolved reduction {reduction!r}")
 
 
-def volume_weight(target_lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """NeMo's ``"mean_volume"`` factor ``1 / sum_b U_b`` (1 when every ``U_b`` is 0), 0-D."""
-    return 1.0 / target_lengths.sum().clamp(min=1).to(dtype)
-
-
-def mean_grad_scale(reduction: str, batch: int) -> float:
-    """The factor a kernel can fold into the gradient for free: the batch mean's ``1/B``."""
-    return 1.0 / batch if reduction == "mean" and batch > 0 else 1.0
+def grad_scale(reduction: str, target_lengths: torch.Tensor) -> float | None:
+    """The factor of every sequence's gradient where it is one number known on the host
+    (``"mean_batch"``; ``"mean_volume"`` with host-side lengths), for a kernel to apply for
+    free; ``None`` otherwise (:func:`finish` then applies :func:`weights`)."""
+    B = target_lengths.shape[0]
+    if reduction == "mean_batch":
+        return 1.0 / max(B, 1)
+    if reduction == "mean_volume" and checks.host_side(target_lengths):
+        return 1.0 / max(int(target_lengths.sum()), 1)
+    return None
 
 
 def finish(
@@ -58,14 +91,13 @@ def finish(
     """``zero_infinity`` and the reduction of per-sequence ``loss (B,)`` and its ``grad``.
 
     Args:
-        weights: the mean's per-sequence ``(B,)`` or 0-D weights (``None``: a plain
-            sum, or ``"none"``).
-        batch_dim: the gradient's batch axis (CTC's ``(T, B, C)``: 1; a transducer's: 0;
-            a packed gradient gets only 0-D weights).
-        grad_scaled: the kernel already applied ``weights`` to the gradient.
+        weights: the mean's per-sequence ``(B,)`` or 0-D weights (:func:`weights`;
+            ``None``: a plain sum, or ``"none"``).
+        batch_dim: the gradient's batch axis (CTC's ``(T, B, C)``: 1; a transducer's: 0).
+        grad_scaled: the kernel already applied ``weights`` to the gradients.
         rows: a packed gradient's rows per sequence (``T_b (U_b + 1)``, in order).
         more: further gradients with the same batch axis (the TDT pair's durations),
-            zeroed with ``grad`` by ``zero_infinity``; the reduction leaves them alone.
+            zeroed and weighted with ``grad``.
     """
     fold = None
     if zero_infinity:
@@ -82,15 +114,21 @@ def finish(
         return loss, grad
     if weights is None:
         return loss.sum(), grad
-    if grad.numel() and not grad_scaled:
-        w = weights.to(torch.float64 if grad.dtype == torch.float64 else grad.dtype)
-        if fold is not None:
-            w = torch.where(fold, 0.0, w)
-        if w.dim():
-            shape = [1] * grad.dim()
-            shape[batch_dim] = w.shape[0]
-            w = w.reshape(shape)
-        grad.mul_(w)
+    if not grad_scaled:
+        for g in (grad, *more):
+            if not g.numel():
+                continue
+            w = weights.to(torch.float64 if g.dtype == torch.float64 else g.dtype)
+            if fold is not None:
+                w = torch.where(fold, 0.0, w)
+            if w.dim() and rows is not None:  # packed (N, V): per row
+                w = torch.repeat_interleave(w, rows.to(w.device), output_size=g.shape[0])
+                w = w[:, None]
+            elif w.dim():
+                shape = [1] * g.dim()
+                shape[batch_dim] = w.shape[0]
+                w = w.reshape(shape)
+            g.mul_(w)
     return (loss * weights).sum(), grad
 
 

@@ -8,14 +8,15 @@ from typing import Literal
 import numpy as np
 import torch
 
-Reduction = Literal["none", "sum", "mean"]
-TransducerReduction = Literal["none", "sum", "mean", "mean_volume"]
+Reduction = Literal["none", "sum", "mean", "mean_batch", "mean_volume", "mean_target"]
+TransducerReduction = Reduction
 BackendName = Literal["auto", "reference", "numba", "triton"]
 
 BACKENDS: tuple[str, ...] = ("reference", "numba", "triton")
-REDUCTIONS: tuple[str, ...] = ("none", "sum", "mean")
-# NeMo's "mean_volume": sum_b loss_b / sum_b U_b (Parakeet models train with it).
-TRANSDUCER_REDUCTIONS: tuple[str, ...] = (*REDUCTIONS, "mean_volume")
+# Every loss takes them all; "mean" is an alias whose meaning is the replaced library's
+# (each loss names it: ``checks.check_reduction``). Formulas: ``reduce.weights``.
+REDUCTIONS: tuple[str, ...] = ("none", "sum", "mean", "mean_batch", "mean_volume",
+                               "mean_target")
 
 # Lengths: an int32/int64 tensor, a numpy integer array or a sequence of ints (an
 # int for unbatched input).

@@ -13,7 +13,7 @@ from .._core.module import LossModule
 from .._core.ops import call_loss_op
 from .._core.types import IntsLike, Reduction
 from .checks import ctc_inputs
-from .fast import ctc_fast
+from .fast import MEAN, ctc_fast
 from .op import ctc_loss_impl, ctc_loss_op
 
 
@@ -42,8 +42,11 @@ def ctc_loss(
         input_lengths: ``(B,)`` frames per sequence, ``<= T`` (tensor or ints).
         target_lengths: ``(B,)`` labels per sequence.
         blank: the blank class, ``0 <= blank < C``.
-        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the batch mean of
-            ``loss_b / max(target_length_b, 1)`` (torch's definition).
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean_batch"``: the plain batch
+            mean; ``"mean_target"``: the batch mean of ``loss_b / max(L_b, 1)`` (``L_b``
+            the target length); ``"mean_volume"``: ``sum_b loss_b / sum_b L_b`` (divisor 1
+            when every ``L_b`` is 0); ``"mean"`` is torch's, ``"mean_target"``. An empty
+            batch gives 0 for every reduction but ``"none"``.
         zero_infinity: a ``+inf`` loss (an impossible alignment, or a path score past
             the float range) gives 0 and a zero gradient for that sequence, as torch.
         fused_log_softmax: take the log-softmax inside; the gradient is then with
@@ -81,7 +84,7 @@ def ctc_loss(
     if loss is not None:
         return loss
     checks.check_float_tensor(log_probs, "log_probs")
-    checks.check_reduction(reduction)
+    reduction = checks.check_reduction(reduction, MEAN)
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
     validate = checks.flag(validate, "validate")
@@ -93,7 +96,7 @@ def ctc_loss(
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and log_probs.requires_grad
     # Unbatched input gives a scalar for every reduction (torch's behaviour); with
-    # one sequence "sum" is that scalar and "mean" divides it by max(L, 1).
+    # one sequence "sum" is that scalar and the means weigh it as a batch of one.
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
     loss, _ = call_loss_op(
         ctc_loss_op, ctc_loss_impl, 1, None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core import buffers
+from .._core import buffers, reduce
 from .._core.dispatch import _AVAILABLE, kernel_module
 from .._core.lanes import (
     compiling,
@@ -35,6 +35,10 @@ from .._core.ops import _keep_graph, c_apply
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
 _kern = None  # seqloss.ctc.numba_cpu, imported on first use (it imports numba)
+# CTC's "mean" is torch's: each loss over its target length (at least 1), then the batch
+# mean (the public function resolves it with this name too).
+MEAN = "mean_target"
+_CODES = {**reduce.CODES, "mean": reduce.CODES[MEAN]}
 
 
 def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
@@ -63,7 +67,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     k = _kern
     if k is None:
         k = _kern = kernel_module("ctc", "numba")
-    red = k._REDUCTIONS.get(reduction) if type(reduction) is str else None
+    red = _CODES.get(reduction) if type(reduction) is str else None
     if red is None or (B > 1 and not k._inline(il.numpy(), tl.numpy())):
         return None
     if log_probs.is_contiguous():
@@ -86,7 +90,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
             # empty_like skips torch.empty's argument parsing (0.65 vs 1.3 us).
             grad = torch.empty_like(log_probs)
             gp = grad.data_ptr()
-    # red 0 (RED_NONE): the (B,) losses; else the reduction, into a 0-D tensor
+    # red 0 (reduce.NONE): the (B,) losses; else the reduction, into a 0-D tensor
     res = log_probs.new_empty((B,)) if red == 0 else torch.empty_like(_SCALAR[dt])
     rp = res.data_ptr()
     concat = targets.dim() == 1

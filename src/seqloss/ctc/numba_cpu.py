@@ -69,7 +69,7 @@ from numba import carray, njit
 from numba.core import types
 from numba.extending import intrinsic
 
-from .._core import buffers
+from .._core import buffers, reduce
 from .._core.numba_pool import run_jobs
 from .checks import ctc_values
 
@@ -1062,14 +1062,13 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss, status,
-             mode, seg, red, b):
+             mode, seg, w, b):
     """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
     Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST /
     EXTENDED / FALLBACK / INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of
-    ``grad``, scaled by the reduction's weight while they are in cache (``red == RED_MEAN``:
-    torch's ``1 / (B max(L_b, 1))``; otherwise unscaled).
+    ``grad``, scaled by the reduction's weight ``w`` while they are in cache.
     Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
     """
     T = x.shape[0] if tb_layout else x.shape[1]
@@ -1107,8 +1106,7 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
     if st == FALLBACK:
         loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg)
     status[b] = st
-    if compute_grad and red == RED_MEAN:
-        w = 1.0 / (max(Lb, 1) * il.shape[0])
+    if compute_grad and w != 1.0:
         for t in range(Tb):
             for c in range(C):
                 if tb_layout:
@@ -1118,15 +1116,22 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
 
 
 # --------------------------------------------------------------------------- entry point
-RED_NONE, RED_SUM, RED_MEAN = 0, 1, 2
+RED_NONE = reduce.NONE
+_seq_weight = njit(cache=True)(reduce.seq_weight)
+
+
+@njit(cache=True, error_model="numpy")
+def _red_total(red, tl):
+    """``sum_b L_b`` where the reduction (``reduce.CODES``) needs it, else 0."""
+    return tl.sum() if red == reduce.MEAN_VOLUME else 0
 
 
 @njit(cache=True, error_model="numpy")
 def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
     """``zero_infinity`` (in place, on the losses and the gradient ``grad``, empty when
-    none) and the reduction, as ``seqloss._core.reduce.finish``: the sum or torch's
-    mean ``sum_b loss_b / (B max(L_b, 1))`` of the ``(B,)`` losses into the 0-D
-    ``out`` (accumulated in float64, one rounding)."""
+    none) and the reduction (``reduce.CODES``), as ``seqloss._core.reduce.finish``: the
+    weighted sum ``sum_b w_b loss_b`` of the ``(B,)`` losses into the 0-D ``out``
+    (accumulated in float64, one rounding)."""
     B = loss.shape[0]
     if zero_infinity:
         for b in range(B):
@@ -1140,9 +1145,9 @@ def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
                         grad[b] = 0.0
     if red != RED_NONE:
         acc = 0.0
+        total = _red_total(red, tl)
         for b in range(B):
-            v = np.float64(loss[b])
-            acc += v / (max(tl[b], 1) * B) if red == RED_MEAN else v
+            acc += np.float64(loss[b]) * _seq_weight(red, tl[b], B, total)
         out[0] = acc
 
 
@@ -1193,10 +1198,11 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     loss = carray(_ptr(lossp, zero), (B,)) if lossp != 0 else np.empty(B, x.dtype)
     status = carray(_ptr(statusp, i0), (B,)) if statusp != 0 else np.empty(B, np.int64)
     out = carray(_ptr(outp, zero), (1,)) if outp != 0 else np.empty(1, x.dtype)
+    total = _red_total(red, tl)
     if chunk > 0:
         for k in range(job * chunk, min(B, (job + 1) * chunk)):
             _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
-                     loss, status, mode, seg, red, k)
+                     loss, status, mode, seg, _seq_weight(red, tl[k], B, total), k)
         return 0
     if validate:
         bad, offs = _check_values(targets, concat, il, tl, T, x.shape[2], blank)
@@ -1208,7 +1214,7 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
         offs = toff
     for b in range(B):
         _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, compute_grad, grad, loss,
-                 status, mode, seg, red, b)
+                 status, mode, seg, _seq_weight(red, tl[b], B, total), b)
     _finish(loss, tl, red, zero_infinity, out, grad, tb_layout)
     return 0
 
@@ -1373,6 +1379,6 @@ def ctc_loss_forward(
 
 
 _MODES = {"auto": 0, "extended": 1, "logspace": 2}
-_REDUCTIONS = {"none": RED_NONE, "sum": RED_SUM, "mean": RED_MEAN}
+_REDUCTIONS = reduce.CODES
 # The entry point's dtype comes from this argument's (the arrays arrive as addresses).
 _ZERO = {torch.float32: np.float32(0.0), torch.float64: np.float64(0.0)}

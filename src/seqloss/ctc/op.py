@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on, poison_nonfinite
-from .._core.reduce import ctc_mean_weights, finish
+from .._core.reduce import finish, weights
 from .checks import ctc_values
 
 
@@ -53,8 +53,8 @@ def ctc_loss_impl(
     )
     grad = conform_layout(grad, log_probs)
     loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
-    w = ctc_mean_weights(target_lengths, loss) if reduction == "mean" else None
-    return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=1)
+    return finish(loss, grad, reduction, zero_infinity,
+                  weights=weights(reduction, target_lengths, loss), batch_dim=1)
 
 
 ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutates_args=())

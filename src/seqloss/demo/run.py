@@ -101,7 +101,7 @@ def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: 
             b = make_train_batch(g)
             logits = model(b.x, b.targets)
             loss = loss_fn(logits, b)
-            # The transducer "mean" is per sequence; per label reads like the CTC loss.
+            # The batch mean is per sequence; per label reads like the CTC loss.
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -129,7 +129,7 @@ def train_tdt(steps: int, seed: int, backend: str,
 
     def loss_fn(logits: torch.Tensor, b: D.Batch) -> torch.Tensor:
         return seqloss.tdt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
-                                model.durations, blank=D.BLANK, reduction="mean",
+                                model.durations, blank=D.BLANK, reduction="mean_batch",
                                 backend=backend)
 
     return model, _train_transducer(model, loss_fn, "TDT  ", steps, seed, console)

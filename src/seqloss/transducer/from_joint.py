@@ -37,7 +37,7 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
-from .._core.reduce import finish, volume_weight
+from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
@@ -530,15 +530,9 @@ class _FromJoint(torch.autograd.Function):
             # zero_infinity zeroes (the loss and the sequence's whole gradient).
             loss = loss.masked_fill(loss.to(dtype) == float("inf"), float("inf"))
         B = loss.shape[0]
-        if plan.reduction == "mean":
-            weights = loss.new_tensor(1.0 / max(B, 1))
-        elif plan.reduction == "mean_volume":
-            weights = volume_weight(plan.tl.to(loss.device), loss.dtype)
-        else:
-            weights = None
         # w: d out / d loss_b, the factor of sequence b's gradient (0 where zeroed)
         out, w = finish(loss, loss.new_ones((B,)), plan.reduction, plan.zero_infinity,
-                        weights=weights, batch_dim=0)
+                        weights=weights(plan.reduction, plan.tl, loss), batch_dim=0)
         ctx.plan, ctx.states, ctx.bad, ctx.w = plan, states, bad, w
         ctx.bad_host = [bool(v) for v in bad.tolist()]
         ctx.logit_dtype = probe.dtype
@@ -688,9 +682,8 @@ def _fake_logits(probe: Tensor, B: int, T: int, U1: int) -> Tensor:
     return probe.new_empty((1, 1, 1, 1)).expand(B, T, U1, probe.shape[-1])
 
 
-def _common(reduction: object, clamp: object) -> float:
-    checks.check_reduction(reduction, transducer=True)
-    return checks.check_float_arg(clamp, "clamp")
+def _common(reduction: object, clamp: object, mean: str) -> tuple[str, float]:
+    return checks.check_reduction(reduction, mean), checks.check_float_arg(clamp, "clamp")
 
 
 def rnnt_loss_from_joint(
@@ -718,7 +711,7 @@ def rnnt_loss_from_joint(
     fake = _fake_logits(probe, B, T, U1)
     tg, il, tl, blank = transducer_inputs(fake, targets, logit_lengths, target_lengths, blank,
                                           packed=False)
-    clamp = _common(reduction, clamp)
+    reduction, clamp = _common(reduction, clamp, "mean_batch")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, encoder_out.device)
     V = probe.shape[-1]
@@ -764,7 +757,7 @@ def multiblank_rnnt_loss_from_joint(
             f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
             f"blank - 1 - i, so at most blank = {blank} of them (joint output size "
             f"{probe.shape[-1]})")
-    clamp = _common(reduction, clamp)
+    reduction, clamp = _common(reduction, clamp, "mean_target")
     sigma = checks.check_float_arg(sigma, "sigma")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, encoder_out.device)
@@ -812,7 +805,7 @@ def tdt_loss_from_joint(
     fake = _fake_logits(probe, B, T, U1)
     tg, il, tl, _ = transducer_inputs(fake[..., :V], targets, logit_lengths, target_lengths,
                                       blank, packed=False)
-    clamp = _common(reduction, clamp)
+    reduction, clamp = _common(reduction, clamp, "mean_target")
     sigma = checks.check_float_arg(sigma, "sigma")
     omega = checks.check_float_arg(omega, "omega", low=0.0)
     if omega > 1.0:
@@ -875,22 +868,24 @@ _DOC = r"""
 rnnt_loss_from_joint.__doc__ = r"""RNN-T loss from the joint network, never materialized.
 
     Equals :func:`seqloss.rnnt_loss` on the materialized joint (``blank``, ``clamp``,
-    ``reduction`` including ``"mean_volume"``, ``fastemit_lambda``, ``zero_infinity``
-    as there) with the gradients w.r.t. ``encoder_out``, ``predictor_out`` and the
-    joint's parameters.""" + _DOC
+    ``reduction`` with ``"mean"`` torchaudio's ``"mean_batch"``, ``fastemit_lambda``,
+    ``zero_infinity`` as there) with the gradients w.r.t. ``encoder_out``,
+    ``predictor_out`` and the joint's parameters.""" + _DOC
 
 multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss from the joint network.
 
     Equals :func:`seqloss.multiblank_rnnt_loss` on the materialized joint
-    (``big_blank_durations``, ``blank``, ``sigma``, ``clamp``, ``reduction``,
-    ``fastemit_lambda``, ``zero_infinity`` as there).""" + _DOC
+    (``big_blank_durations``, ``blank``, ``sigma``, ``clamp``, ``reduction`` with
+    ``"mean"`` NeMo's ``"mean_target"``, ``fastemit_lambda``, ``zero_infinity`` as
+    there).""" + _DOC
 
 tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materialized.
 
     The joint returns ``(b, t, u, V + D)`` logits: ``V`` tokens then ``D =
     len(durations)`` duration logits. Equals :func:`seqloss.tdt_loss` on the
     materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
-    ``reduction``, ``zero_infinity`` as there).""" + _DOC
+    ``reduction`` with ``"mean"`` NeMo's and transformers' ``"mean_target"``,
+    ``zero_infinity`` as there).""" + _DOC
 
 _EAGER = ("seqloss's losses from the joint network run eagerly: the joint is re-run inside "
           "their backward pass, which torch.compile cannot trace (compile without "

@@ -52,7 +52,7 @@ def multiblank_rnnt_loss(
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     validate = checks.flag(validate, "validate")
     durs = check_big_blanks(big_blank_durations, blank, logits.shape[-1])
-    checks.check_reduction(reduction, transducer=True)
+    reduction = checks.check_reduction(reduction, "mean_target")
     clamp = checks.check_float_arg(clamp, "clamp")
     sigma = checks.check_float_arg(sigma, "sigma")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
@@ -89,9 +89,10 @@ multiblank_rnnt_loss.__doc__ = r"""Multi-blank RNN-T loss (Xu et al., 2022), NeM
         clamp: ``> 0`` clamps each element of the per-sequence gradient with respect to
             the logits to ``[-clamp, clamp]`` (before the reduction's scaling); ``<= 0``:
             off.
-        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"`` (the plain batch mean);
-            ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``, NeMo's; divisor 1 when every
-            ``U_b`` is 0).
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean_batch"`` (the plain batch
+            mean); ``"mean_target"`` (the batch mean of ``loss_b / max(U_b, 1)``);
+            ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``; divisor 1 when every ``U_b``
+            is 0); ``"mean"`` is NeMo's, ``"mean_target"``.
         fastemit_lambda: FastEmit ``λ >= 0``: the gradient through every label emission
             is scaled by ``1 + λ``, and the loss by ``1 + λ`` (NeMo's definition).
         zero_infinity: a ``+inf`` loss (no frame, every path through a ``-inf``

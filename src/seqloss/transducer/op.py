@@ -8,7 +8,7 @@ from torch import Tensor
 from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module
 from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on
-from .._core.reduce import finish, mean_grad_scale, volume_weight
+from .._core.reduce import finish, grad_scale, weights
 from .checks import transducer_values
 from .joint.table import JointTable, rnnt_table
 
@@ -39,31 +39,29 @@ def joint_loss_impl(
 ) -> tuple[Tensor, Tensor]:
     """Value checks, the backend's table-driven joint, ``zero_infinity`` and the reduction.
 
-    The ``"mean"`` reduction's ``1/B`` is folded into the gradient here (the
-    kernel's ``grad_scale``), so that the usual backward (incoming gradient 1)
-    hands the saved gradient on untouched: no second logits-sized tensor.
+    ``reduction`` is an explicit name (``"mean"`` resolved by the caller). The weights
+    of a mean are applied to the gradient here, or folded into the kernel's gradient
+    (``grad_scale``: free there) where they are one number known on the host, so that
+    the usual backward (incoming gradient 1) hands the saved gradient on untouched: no
+    second logits-sized tensor.
     """
     padded = transducer_values(
         logits, targets, logit_lengths, target_lengths, table.blank_tokens, validate=validate,
         num_tokens=table.num_tokens,
     )
-    B = logit_lengths.shape[0]
-    # The batch mean's 1/B is folded into the kernel's gradient (free there).
+    scale = grad_scale(reduction, target_lengths)
     loss, grad = kernel_module("joint", backend).joint_loss_forward(
         logits, padded, logit_lengths, target_lengths, table, fused_log_softmax, compute_grad,
-        grad_buffer, mean_grad_scale(reduction, B),
+        grad_buffer, 1.0 if scale is None else scale,
     )
     if grad_buffer is None:
         grad = conform_layout(grad, logits)
-    if reduction == "mean":
-        w = loss.new_tensor(1.0 / max(B, 1))
-    elif reduction == "mean_volume":
-        w = volume_weight(target_lengths.to(loss.device), loss.dtype)
-    else:
-        w = None
-    rows = logit_lengths * (target_lengths + 1) if zero_infinity and logits.dim() == 2 else None
+    w = weights(reduction, target_lengths, loss)
+    rows = None
+    if logits.dim() == 2 and (zero_infinity or (scale is None and w is not None and w.dim())):
+        rows = logit_lengths * (target_lengths + 1)
     return finish(loss, grad, reduction, zero_infinity, weights=w, batch_dim=0,
-                  grad_scaled=reduction == "mean", rows=rows)
+                  grad_scaled=scale is not None, rows=rows)
 
 
 def rnnt_loss_impl(

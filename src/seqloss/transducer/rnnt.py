@@ -70,7 +70,7 @@ def _loss(
     validate = checks.flag(validate, "validate")
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     inplace_grad = checks.flag(inplace_grad, "inplace_grad")
-    checks.check_reduction(reduction, transducer=True)
+    reduction = checks.check_reduction(reduction, "mean_batch")
     clamp = checks.check_float_arg(clamp, "clamp")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
     name = resolve_backend(backend, logits.device)
@@ -126,10 +126,11 @@ rnnt_loss.__doc__ = r"""RNN-T loss, a drop-in for :func:`torchaudio.functional.r
         blank: blank index; ``-1`` (default) is ``V - 1``, other negatives count
             from the end too.
         clamp: ``> 0`` clamps the per-sequence gradient elementwise; ``<= 0``: off.
-        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"``: the plain batch mean;
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean_batch"``: the plain batch
+            mean; ``"mean_target"``: the batch mean of ``loss_b / max(U_b, 1)``;
             ``"mean_volume"``: ``sum_b loss_b / sum_b U_b`` (NeMo's; divisor 1 when
-            every ``U_b`` is 0). An empty batch gives 0 for every reduction but
-            ``"none"``.
+            every ``U_b`` is 0); ``"mean"`` is torchaudio's, ``"mean_batch"``. An empty
+            batch gives 0 for every reduction but ``"none"``.
         fused_log_softmax: ``True``: raw logits, log-softmax taken inside.
         fastemit_lambda: FastEmit regularization ``λ >= 0`` (see below).
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
@@ -173,7 +174,7 @@ rnnt_loss_packed.__doc__ = r"""Packed RNN-T loss: no padding, same results as :f
         targets: padded ``(B, S)`` or concatenated 1-D ``(sum_b U_b,)`` int32/int64.
         logit_lengths, target_lengths, blank, clamp, reduction, fused_log_softmax,
         fastemit_lambda, backend, validate, zero_infinity, inplace_grad: as in
-            :func:`rnnt_loss`.
+            :func:`rnnt_loss` (``"mean"`` is torchaudio's ``"mean_batch"`` there too).
 
     Returns:
         The loss: float32 for half inputs, else the input dtype.

@@ -25,7 +25,7 @@ from .._core.ops import (
     conform_layout,
     grads_to_hand_on,
 )
-from .._core.reduce import finish, mean_grad_scale, volume_weight
+from .._core.reduce import finish, grad_scale, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import JointTable, rnnt_table, tdt_table
@@ -54,14 +54,15 @@ def _tdt_forward(
     Returns ``(loss, grad, grad_dur)``: for the joint, ``grad`` like ``logits`` and
     ``grad_dur`` ``None``; for the pair, one gradient per tensor. Each branch's
     gradient is clamped on its own (as NeMo's branches are) and scaled by its weight
-    inside the kernel (with the batch mean's ``1/B``).
+    inside the kernel (with the reduction's factor where it is one host number).
     """
     pair = logits is None
     V = table.num_tokens
     padded = transducer_values(tok if pair else logits, targets, logit_lengths, target_lengths,
                                table.blank_tokens, validate=validate, num_tokens=V)
     B = logit_lengths.shape[0]
-    ms = mean_grad_scale(reduction, B)
+    scale = grad_scale(reduction, target_lengths)
+    ms = 1.0 if scale is None else scale
     kmod = kernel_module("joint", backend)
     g = gd = None
     loss_t = loss_r = None
@@ -113,16 +114,9 @@ def _tdt_forward(
         g = conform_layout(g, tok if pair else logits)
         if pair:
             gd = conform_layout(gd, dur)
-    if reduction == "mean":
-        w = loss.new_tensor(1.0 / max(B, 1))
-    elif reduction == "mean_volume":
-        w = volume_weight(target_lengths.to(loss.device), loss.dtype)
-    else:
-        w = None
-    loss, g = finish(loss, g, reduction, zero_infinity, weights=w, batch_dim=0,
-                     grad_scaled=reduction == "mean", more=(gd,) if pair else ())
-    if pair and w is not None and reduction != "mean" and gd.numel():
-        gd.mul_(w.to(torch.float64 if gd.dtype == torch.float64 else gd.dtype))
+    loss, g = finish(loss, g, reduction, zero_infinity,
+                     weights=weights(reduction, target_lengths, loss), batch_dim=0,
+                     grad_scaled=scale is not None, more=(gd,) if pair else ())
     return loss, g, gd
 
 
@@ -342,7 +336,7 @@ def tdt_loss(
     blank = resolve_token_blank(blank, V)
     tg, il, tl, _ = transducer_inputs(tok, targets, logit_lengths, target_lengths, blank,
                                       packed=False)
-    checks.check_reduction(reduction, transducer=True)
+    reduction = checks.check_reduction(reduction, "mean_target")
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     validate = checks.flag(validate, "validate")
     clamp = checks.check_float_arg(clamp, "clamp")
@@ -391,9 +385,10 @@ tdt_loss.__doc__ = r"""Token-and-Duration Transducer loss (Xu et al., 2023), NeM
             expectation of NeMo's random per-batch switch. ``0 <= omega <= 1``.
         clamp: ``> 0`` clamps each element of each branch's per-sequence gradient
             with respect to the logits to ``[-clamp, clamp]``; ``<= 0``: off.
-        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean"`` (the plain batch mean);
-            ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``, NeMo's; divisor 1 when every
-            ``U_b`` is 0).
+        reduction: ``"none"`` -> ``(B,)``; ``"sum"``; ``"mean_batch"`` (the plain batch
+            mean); ``"mean_target"`` (the batch mean of ``loss_b / max(U_b, 1)``);
+            ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``; divisor 1 when every ``U_b``
+            is 0); ``"mean"`` is NeMo's and transformers', ``"mean_target"``.
         zero_infinity: a ``+inf`` loss (infeasible, or a path score past the float
             range) gives 0 and a zero gradient for that sequence.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.

@@ -13,7 +13,10 @@ from torch import Tensor
 from ..._core import checks as _validate
 from ..._core.dispatch import resolve_backend
 from ..._core.errors import InputError, InputTypeError
+from ..._core.reduce import weights
 from . import arcs, checks
+
+MEAN = "mean_batch"  # fast_rnnt's and k2's "mean": the plain batch mean
 
 _TYPES_DOC = r"""
     ``rnnt_type`` (k2's): ``"regular"``, an emission stays on its frame and the
@@ -38,9 +41,11 @@ _TYPES_DOC = r"""
     ``boundary`` ``(B, 4)`` int64 rows ``[begin_symbol, begin_frame, end_symbol,
     end_frame]`` (``None``: ``[0, 0, S, T]``); positions outside them are padding,
     never read (NaN allowed) and get exactly zero gradient.
-    ``reduction``: ``"none"`` ``(B,)``, ``"sum"``, ``"mean"`` (the batch mean, as
-    k2) or ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``, ``U_b = end_symbol -
-    begin_symbol``). Losses are float32 for half inputs, else the inputs' dtype.
+    ``reduction``: ``"none"`` ``(B,)``, ``"sum"``, ``"mean_batch"`` (the plain batch
+    mean), ``"mean_target"`` (the batch mean of ``loss_b / max(U_b, 1)``) or
+    ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``; divisor 1 when every ``U_b`` is 0),
+    with ``U_b = end_symbol - begin_symbol``; ``"mean"`` is fast_rnnt's and k2's,
+    ``"mean_batch"``. Losses are float32 for half inputs, else the inputs' dtype.
     A sequence with no frame or no path has loss ``+inf`` (0 with ``zero_infinity``)
     and zero gradient: an impossible alignment, as in CTC. Fewer frames than symbols
     in the modified/constrained topologies (at most one symbol a frame) is one; k2
@@ -60,12 +65,8 @@ _TYPES_DOC = r"""
 def _reduce(nll: Tensor, reduction: str, lens: Tensor) -> Tensor:
     if reduction == "none":
         return nll
-    total = nll.sum()
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / nll.shape[0] if nll.shape[0] else total
-    return total / lens[:, 2].sum().clamp(min=1).to(nll.dtype)  # mean_volume
+    w = weights(reduction, lens[:, 2], nll)  # lens[:, 2]: U_b
+    return nll.sum() if w is None else (nll * w).sum()
 
 
 def _grads(occ_emit: Tensor, occ_blank: Tensor, S: int, rnnt_type: str) -> tuple[Tensor, Tensor]:
@@ -100,9 +101,9 @@ def _factored_inputs(lm: Tensor, am: Tensor, symbols: object, termination_symbol
     term = checks.check_termination(termination_symbol, C)
     bnd = checks.check_boundary(boundary, B, am.device)
     rt = checks.check_rnnt_type(rnnt_type)
-    _validate.check_reduction(reduction, transducer=True)
+    reduction = _validate.check_reduction(reduction, MEAN)
     dp = _validate.check_float_arg(delay_penalty, "delay_penalty")
-    return B, T, C, S, sym, term, bnd, rt, dp
+    return B, T, C, S, sym, term, bnd, rt, reduction, dp
 
 
 def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Tensor | None, dp: float,
@@ -167,7 +168,8 @@ def rnnt_loss_simple(
         boundary: ``(B, 4)`` int64 or ``None`` (see below).
         rnnt_type: ``"regular"``, ``"modified"`` or ``"constrained"``.
         delay_penalty: k2's delay penalty.
-        reduction: ``"none"``, ``"sum"``, ``"mean"`` or ``"mean_volume"``.
+        reduction: ``"none"``, ``"sum"``, ``"mean_batch"``, ``"mean_target"``,
+            ``"mean_volume"`` or ``"mean"`` (fast_rnnt's: ``"mean_batch"``); see below.
         return_grad: also return k2's ``(px_grad, py_grad)``, the occupations
             (``d(-loss_b)/d px``, ``d(-loss_b)/d py`` of the ``"none"`` losses):
             ``px_grad (B, S, T + 1)`` (regular; its column ``T`` is 0) or ``(B, S, T)``,
@@ -185,7 +187,7 @@ def rnnt_loss_simple(
     return_grad = _validate.flag(return_grad, "return_grad")
     zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
     validate = _validate.flag(validate, "validate")
-    B, T, C, S, sym, term, bnd, rt, dp = _factored_inputs(
+    B, T, C, S, sym, term, bnd, rt, reduction, dp = _factored_inputs(
         lm, am, symbols, termination_symbol, boundary, rnnt_type, reduction, delay_penalty)
     name = resolve_backend(backend, am.device)
     lens, sym_ext = checks.bounds(bnd, sym, None, T, C, term, rt, 0, validate)
@@ -231,7 +233,7 @@ def rnnt_loss_smoothed(
     return_grad = _validate.flag(return_grad, "return_grad")
     zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
     validate = _validate.flag(validate, "validate")
-    B, T, C, S, sym, term, bnd, rt, dp = _factored_inputs(
+    B, T, C, S, sym, term, bnd, rt, reduction, dp = _factored_inputs(
         lm, am, symbols, termination_symbol, boundary, rnnt_type, reduction, delay_penalty)
     ls = checks.check_scale(lm_only_scale, "lm_only_scale")
     as_ = checks.check_scale(am_only_scale, "am_only_scale")
@@ -302,7 +304,7 @@ def rnnt_loss_pruned(
     term = checks.check_termination(termination_symbol, C)
     bnd = checks.check_boundary(boundary, B, logits.device)
     rt = checks.check_rnnt_type(rnnt_type)
-    _validate.check_reduction(reduction, transducer=True)
+    reduction = _validate.check_reduction(reduction, MEAN)
     dp = _validate.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, logits.device)
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, validate)

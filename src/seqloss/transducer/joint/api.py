@@ -31,13 +31,14 @@ def joint_loss(
 
     ``logits`` padded ``(B, T, U+1, V + D)`` or packed ``(N, V + D)`` (``D``:
     ``table.num_durations``); everything else as :func:`seqloss.rnnt_loss`. A
-    variant (multi-blank, TDT, ...) is a table plus a call to this function: the
+    variant (multi-blank, TDT, ...) is a table plus a call to this function (``"mean"``:
+    ``"mean_batch"``; the variants resolve their own ``"mean"`` first): the
     prologue, the lattice and the epilogue are shared by every backend.
     """
     packed = logits.dim() == 2
     tg, il, tl, _ = transducer_inputs(logits, targets, logit_lengths, target_lengths,
                                       table.blank_tokens[0], packed=packed)
-    checks.check_reduction(reduction, transducer=True)
+    reduction = checks.check_reduction(reduction, "mean_batch")
     name = resolve_backend(backend, logits.device)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     ints, floats = table.encode()
