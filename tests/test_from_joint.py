@@ -346,3 +346,91 @@ def test_no_tile_still_gives_every_parameter_a_gradient(empty):
     grads = torch.autograd.grad(loss, [enc, pred, *joint.parameters()])
     assert loss.item() == 0.0
     assert all(g is not None and (g == 0).all() for g in grads)
+
+
+# --------------------------------------------------------------------------- the pair joint
+class PairJoint(nn.Module):
+    """transformers' Parakeet TDT head: one hidden state, a token head and a duration head,
+    returned as ``(token_logits, duration_logits)`` (``pair=False``: concatenated)."""
+
+    def __init__(self, He: int, Hp: int, H: int, V: int, D: int, pair: bool = True) -> None:
+        super().__init__()
+        self.enc = nn.Linear(He, H, dtype=torch.float64)
+        self.pred = nn.Linear(Hp, H, dtype=torch.float64)
+        self.tok = nn.Linear(H, V, dtype=torch.float64)
+        self.dur = nn.Linear(H, D, dtype=torch.float64)
+        self.pair = pair
+
+    def forward(self, e: torch.Tensor, p: torch.Tensor):
+        h = torch.tanh(self.enc(e)[:, :, None] + self.pred(p)[:, None])
+        tok, dur = self.tok(h) * 3.0, self.dur(h)
+        return (tok, dur) if self.pair else torch.cat((tok, dur), dim=-1)
+
+
+def _pair_case(D, seed=5):
+    _, enc, pred, tg, Tl, tl = _case(D=D, seed=seed)
+    torch.manual_seed(seed)
+    return PairJoint(5, 4, 8, V, D), enc, pred, tg, Tl, tl
+
+
+@pytest.mark.parametrize("chunk", [1, V + 4, 3 * (V + 4), None])
+@pytest.mark.parametrize("kw", [{"reduction": "mean"},
+                                {"reduction": "none", "omega": 0.3, "sigma": 0.05}])
+def test_tdt_pair_joint_matches_concatenated(chunk, kw):
+    """The pair joint gives the value and the gradients (encoder, predictor, every
+    parameter of both heads) of the concatenated joint and of ``tdt_loss`` on the
+    materialized pair."""
+    durs = [0, 1, 2, 3]
+    joint, enc, pred, tg, Tl, tl = _pair_case(len(durs))
+    got = seqloss.tdt_loss_from_joint(enc, pred, joint, tg, Tl, tl, durs, chunk_elements=chunk,
+                                      **kw)
+    ref = seqloss.tdt_loss(joint(enc, pred), tg, Tl, tl, durs, **kw)  # tdt_loss's pair path
+    joint.pair = False
+    cat = seqloss.tdt_loss_from_joint(enc, pred, joint, tg, Tl, tl, durs, chunk_elements=chunk,
+                                      **kw)
+    assert got.dtype == torch.float64 and got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got, cat, rtol=1e-12, atol=1e-12)
+    w = torch.linspace(0.5, 1.5, ref.numel(), dtype=ref.dtype).reshape(ref.shape)
+    for a, b, c in zip(*(_grads((x * w).sum(), joint, enc, pred) for x in (got, ref, cat)),
+                       strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(a, c, rtol=1e-12, atol=1e-12)
+
+
+def test_tdt_pair_from_a_plain_callable():
+    """A pair joint that is no Module: the gradients reach what it closes over (.grad)."""
+    durs = [0, 1, 2]
+    joint, enc, pred, tg, Tl, tl = _pair_case(len(durs), seed=6)
+    fn = lambda e, p: joint(e, p)  # not a Module: inner backward into .grad
+    seqloss.tdt_loss_from_joint(enc, pred, fn, tg, Tl, tl, durs, chunk_elements=2 * V,
+                                reduction="sum").backward()
+    got = [enc.grad, pred.grad, *[p.grad for p in joint.parameters()]]
+    want = torch.autograd.grad(seqloss.tdt_loss(joint(enc, pred), tg, Tl, tl, durs,
+                                                reduction="sum"),
+                               [enc, pred, *joint.parameters()])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_tdt_pair_joint_errors_name_the_joint():
+    durs = [0, 1, 2, 3]
+    joint, enc, pred, tg, Tl, tl = _pair_case(len(durs))
+
+    def run(fn):
+        return seqloss.tdt_loss_from_joint(enc, pred, fn, tg, Tl, tl, durs)
+
+    what = r"joint\(encoder_out\[b0:b1, t0:t1\], predictor_out\[b0:b1, u0:u1\]\) returned "
+    with pytest.raises(seqloss.InputError, match=what + r"token_logits \(1, 1, 1, 7\) and "
+                       r"duration_logits \(1, 2, 1, 4\)"):
+        run(lambda e, p: (joint(e, p)[0], joint(e, p)[1].expand(-1, 2, -1, -1)))
+    with pytest.raises(seqloss.InputError, match=what + "duration_logits with 5 classes: "
+                       r"expected len\(durations\) = 4"):
+        run(lambda e, p: (joint(e, p)[0], torch.cat([joint(e, p)[1]] * 2, -1)[..., :5]))
+    with pytest.raises(seqloss.InputError, match=what + "a tuple of 3: a pair must be"):
+        run(lambda e, p: (*joint(e, p), joint(e, p)[1]))
+    with pytest.raises(TypeError, match=what + "a pair of dtypes"):
+        run(lambda e, p: (joint(e, p)[0], joint(e, p)[1].float()))
+    # rnnt_loss_from_joint takes no pair: one joint output, one set of classes
+    with pytest.raises(seqloss.InputError, match="joint"):
+        seqloss.rnnt_loss_from_joint(enc, pred, joint, tg, Tl, tl)

@@ -767,6 +767,54 @@ def multiblank_rnnt_loss_from_joint(
                 tl, [_Branch(table, 1.0)], V, 0, reduction, zero_infinity, name, validate)
 
 
+def _pair_as_joint(out: object, D: int) -> object:
+    """A joint's ``(token_logits, duration_logits)`` pair (transformers' Parakeet TDT head
+    returns it) as the concatenated ``(..., V + D)`` logits; anything else as it is."""
+    if not isinstance(out, (tuple, list)):
+        return out
+    what = "joint(encoder_out[b0:b1, t0:t1], predictor_out[b0:b1, u0:u1])"
+    if len(out) != 2 or not all(isinstance(x, Tensor) for x in out):
+        raise InputError(f"{what} returned a {type(out).__name__} of {len(out)}: a pair must be "
+                         f"(token_logits, duration_logits), two tensors")
+    tok, dur = out
+    if tok.dim() != 4 or dur.dim() != 4 or tok.shape[:3] != dur.shape[:3]:
+        raise InputError(f"{what} returned token_logits {tuple(tok.shape)} and duration_logits "
+                         f"{tuple(dur.shape)}: expected (b1-b0, t1-t0, u1-u0, V) and "
+                         f"(b1-b0, t1-t0, u1-u0, D), the first three sizes the same")
+    if dur.shape[-1] != D:
+        raise InputError(f"{what} returned duration_logits with {dur.shape[-1]} classes: "
+                         f"expected len(durations) = {D}")
+    if tok.dtype != dur.dtype:
+        raise InputTypeError(f"{what} returned a pair of dtypes token_logits {tok.dtype}, "
+                             f"duration_logits {dur.dtype}: expected one dtype")
+    if tok.device != dur.device:
+        raise InputError(f"{what} returned token_logits on {tok.device}, duration_logits on "
+                         f"{dur.device}")
+    # One tile-sized copy; autograd splits the gradient back to the two outputs.
+    return torch.cat((tok, dur), dim=-1)
+
+
+class _PairJoint(torch.nn.Module):
+    """An ``nn.Module`` joint that may return the pair: the same parameters, concatenated."""
+
+    def __init__(self, joint: torch.nn.Module, D: int) -> None:
+        super().__init__()
+        self.joint, self.D = joint, D
+
+    def forward(self, enc: Tensor, pred: Tensor) -> object:
+        return _pair_as_joint(self.joint(enc, pred), self.D)
+
+
+def _accept_pair(joint: object, D: int) -> object:
+    """``joint`` taking the pair too, as a module when it is one (its parameters then
+    come back through autograd) and as a plain callable otherwise."""
+    if isinstance(joint, torch.nn.Module):
+        return _PairJoint(joint, D)
+    if callable(joint):
+        return lambda enc, pred: _pair_as_joint(joint(enc, pred), D)  # type: ignore[operator]
+    return joint  # _setup names the type
+
+
 def tdt_loss_from_joint(
     encoder_out: Tensor,
     predictor_out: Tensor,
@@ -792,6 +840,7 @@ def tdt_loss_from_joint(
     validate = checks.flag(validate, "validate")
 
     durs = _check_tdt_durations(durations)
+    joint = _accept_pair(joint, len(durs))
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     D = len(durs)
     W = probe.shape[-1]
@@ -882,7 +931,10 @@ multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss from the jo
 tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materialized.
 
     The joint returns ``(b, t, u, V + D)`` logits: ``V`` tokens then ``D =
-    len(durations)`` duration logits. Equals :func:`seqloss.tdt_loss` on the
+    len(durations)`` duration logits; or the pair ``(token_logits (b, t, u, V),
+    duration_logits (b, t, u, D))``, as transformers' Parakeet TDT head does (each
+    tile's pair is concatenated; the same value and gradients). Equals
+    :func:`seqloss.tdt_loss` on the
     materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
     ``reduction`` with ``"mean"`` NeMo's and transformers' ``"mean_target"``,
     ``zero_infinity`` as there).""" + _DOC
