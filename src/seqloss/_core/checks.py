@@ -206,14 +206,17 @@ def check_ids(
     blank: int | tuple[int, ...],
     *,
     offsets: np.ndarray | None = None,
+    classes_what: str | None = None,
 ) -> None:
     """Value check on target ids read by each sequence (padding is never read).
 
     ``ids`` is ``(B, S)`` padded, or 1-D concatenated with per-item ``offsets``;
     ``lengths`` is on the host. Ids must lie in ``[0, num_classes)`` and differ
-    from ``blank`` (from each blank-like class, when a tuple).
+    from ``blank`` (from each blank-like class, when a tuple). ``classes_what``: how
+    ``num_classes`` was derived, for the message (e.g. a joint's token block).
     """
-    blanks = (blank,) if isinstance(blank, int) else tuple(blank)
+    # One class may stand for several arcs (TDT's blank, once per duration): name it once.
+    blanks = (blank,) if isinstance(blank, int) else tuple(dict.fromkeys(blank))
     if lengths.size == 0:
         return
     host = to_host(ids) if isinstance(ids, torch.Tensor) else ids
@@ -240,7 +243,8 @@ def check_ids(
         what = (f"blank = {v}" if len(blanks) == 1
                 else f"the blank-like class {v} (blanks: {blanks})")
         raise InputError(f"{where} = {v} equals {what}; targets may not contain blank")
-    raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}")
+    how = "" if classes_what is None else f" ({classes_what})"
+    raise InputError(f"{where} = {v} is out of range: expected 0 <= id < {num_classes}{how}")
 
 
 def as_targets_tensor(targets: object, device: torch.device) -> torch.Tensor:

@@ -83,13 +83,15 @@ def transducer_values(
     *,
     validate: bool,
     num_tokens: int | None = None,
+    tokens_what: str | None = None,
 ) -> torch.Tensor:
     """Value checks for transducers; returns the targets as padded ``(B, S)`` int64.
 
     Padded logits ``(B, T, U+1, V)``: ``logit_lengths[b] <= T``, ``target_lengths[b]
     <= min(targets.size(1), U)``. Packed ``(N, V)``: the rows add up to ``N``.
     Target ids read (``< target_lengths[b]``) must lie in ``[0, V)`` (``num_tokens``:
-    the token block, when the joint has duration logits after it) and differ from
+    the token block, when the joint has duration logits after it; ``tokens_what`` says
+    how it was derived, for the message) and differ from
     ``blank`` (every blank-like class, when a tuple). Entries past a target length are
     replaced by 0, so no kernel reads an unchecked id.
     """
@@ -123,7 +125,7 @@ def transducer_values(
                     f"sum_b logit_lengths[b] * (target_lengths[b] + 1) = {rows} rows"
                 )
         offsets = None if targets.dim() == 2 else np.cumsum(tl) - tl
-        check_ids(targets, tl, "targets", V, blank, offsets=offsets)
+        check_ids(targets, tl, "targets", V, blank, offsets=offsets, classes_what=tokens_what)
     return pad_targets(targets, target_lengths, tl if validate else None)
 
 

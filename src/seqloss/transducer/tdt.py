@@ -58,8 +58,12 @@ def _tdt_forward(
     """
     pair = logits is None
     V = table.num_tokens
+    # The concatenated joint: a wrong len(durations) shifts V, so the message says how.
+    what = None if pair else (f"V = logits.size(-1) - len(durations) = {logits.shape[-1]} - "
+                              f"{table.num_durations}")
     padded = transducer_values(tok if pair else logits, targets, logit_lengths, target_lengths,
-                               table.blank_tokens, validate=validate, num_tokens=V)
+                               table.blank_tokens, validate=validate, num_tokens=V,
+                               tokens_what=what)
     B = logit_lengths.shape[0]
     scale = grad_scale(reduction, target_lengths)
     ms = 1.0 if scale is None else scale
