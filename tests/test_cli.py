@@ -66,6 +66,21 @@ def test_doctor_names_infeasible_and_nan(files):
     assert lines[-1] == "3 sequences: 1 with non-finite input [2]; 1 infeasible [1]"
 
 
+def test_doctor_into_a_closed_pipe_prints_no_traceback(files):
+    """``seqloss doctor --json FILE | head``: the reader is gone before the report is
+    written (its end is closed first, so the write always fails): no traceback."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-m", "seqloss", "doctor", "--json",
+                            str(files / "bad.pt")], stdout=w, stderr=subprocess.PIPE,
+                           text=True, timeout=300)
+    finally:
+        os.close(w)
+    assert "Traceback" not in p.stderr and "BrokenPipeError" not in p.stderr, p.stderr
+    assert p.returncode in (0, 1)
+
+
 def test_doctor_garbage_file_exits_2(files, capsys):
     assert cli.main(["doctor", str(files / "garbage.pt")]) == 2
     out, err = capsys.readouterr()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -283,6 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("seqloss: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`seqloss doctor --json | head`): no traceback, and none at
+        # exit either, when Python flushes the dead pipe (the documented recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
