@@ -238,7 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
         "'log_probs': ..., 'targets': ..., 'input_lengths': ..., 'target_lengths': ..., "
         "'blank': 0} (kind 'rnnt': logits, targets, logit_lengths, target_lengths, blank; "
         "kind 'multiblank': the same and big_blank_durations; kind 'tdt': the same and "
-        "durations, logits concatenated or a (token_logits, duration_logits) pair). "
+        "durations, logits concatenated or a (token_logits, duration_logits) pair; kind "
+        "'pruned': logits, symbols, ranges, termination_symbol and optionally boundary, "
+        "rnnt_type). "
         "Exit status: 0 all sequences fine; 1 a sequence is non-finite or infeasible, or the "
         "arguments fail validation; 2 the file cannot be read.")
     doc.add_argument("file", metavar="FILE", help="torch.save'd dict of loss arguments")
@@ -259,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import SIZES
 
     b.add_argument("--sizes", choices=list(SIZES), default="small",
-                   help="case grid: small (seconds) or paper (minutes) (default small)")
+                   help="case grid: tiny (a call's overhead), small (seconds), paper "
+                   "(minutes) or long (long utterances) (default small)")
     b.add_argument("--json", metavar="FILE", default=None, help="also write results as JSON")
     b.add_argument("--repeats", type=_positive_int, default=5,
                    help="interleaved timing rounds (default 5)")
