@@ -99,6 +99,30 @@ def test_doctor_clean_and_json_in_process(files, capsys):
     assert d["sequences"][2]["nonfinite"]["frame"] == 2
 
 
+def test_doctor_pruned_kind_as_the_help_says(tmp_path, capsys):
+    """The 'pruned' kind with the arguments ``doctor --help`` and the README list; the
+    report's loss is ``rnnt_loss_pruned``'s on the same arguments."""
+    import seqloss
+
+    g = torch.Generator().manual_seed(5)
+    B, T, S, C, R = 2, 6, 3, 5, 2
+    am, lm = torch.randn(B, T, C, generator=g), torch.randn(B, S + 1, C, generator=g)
+    symbols = torch.randint(1, C, (B, S), generator=g)
+    boundary = torch.tensor([[0, 0, S, T]] * B)
+    _, (px, py) = seqloss.rnnt_loss_simple(lm, am, symbols, 0, boundary, return_grad=True)
+    ranges = seqloss.get_rnnt_prune_ranges(px, py, boundary, R)
+    am_p, lm_p = seqloss.do_rnnt_pruning(am, lm, ranges)
+    logits = am_p + lm_p
+    torch.save({"kind": "pruned", "logits": logits, "symbols": symbols, "ranges": ranges,
+                "termination_symbol": 0, "boundary": boundary}, tmp_path / "pruned.pt")
+    assert cli.main(["doctor", "--json", str(tmp_path / "pruned.pt")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    want = seqloss.rnnt_loss_pruned(logits, symbols, ranges, 0, boundary, reduction="none")
+    assert d["ok"] is True and len(d["sequences"]) == B
+    got = [sq["loss"] for sq in d["sequences"]]
+    torch.testing.assert_close(torch.tensor(got, dtype=want.dtype), want, rtol=1e-5, atol=1e-5)
+
+
 def test_doctor_invalid_arguments_exit_1(files, capsys):
     assert cli.main(["doctor", str(files / "invalid.pt")]) == 1
     out = capsys.readouterr().out
