@@ -208,6 +208,18 @@ def test_bench_small_prints_table(tmp_path):
     assert d["machine"]["torch"] == torch.__version__
     pairs = d["ctc"]["pairs"]
     assert pairs and all(p["ratio"] > 0 and p["peer"].startswith("torch") for p in pairs)
+    # the spread behind every median, and what the timings depend on (issue 25, item 6)
+    assert "threads: 2, OMP_WAIT_POLICY:" in r.stdout
+    for row in d["ctc"]["rows"]:
+        ts = row["times_ms"]
+        assert f"{row['ms']:.2f} [{min(ts):.2f} - {max(ts):.2f}]" in r.stdout
+
+
+def test_bench_spread_marks_a_noisy_ratio():
+    assert cli._spread([1.0, 1.1, 1.2]) == pytest.approx(0.2 / 1.1)
+    assert cli._spread([1.0, 1.0, 3.0]) > cli._NOISY  # one round of three at 3x: noise
+    assert cli._spread([2.0]) == 0.0 and cli._spread(None) == 0.0
+    assert cli._ms(1.5, [1.0, 1.5, 4.0]) == "1.50 [1.00 - 4.00]"
 
 
 # ------------------------------------------------------------------ demo

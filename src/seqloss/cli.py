@@ -146,7 +146,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     losses = [args.loss] if args.loss else list(bench.LOSSES)
     torch.set_num_threads(args.threads)
     console = _console()
+    omp = os.environ.get("OMP_WAIT_POLICY", "default (active)")
+    console.print(f"threads: {args.threads}, OMP_WAIT_POLICY: {omp}", markup=False)
     out: dict = {"machine": None}
+    noisy_any = False
     for loss in losses:
         mod = bench.module(loss)
         impls = list(mod.implementations())
@@ -171,7 +174,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         pairs = mod.pair_rows(rows)
         table = Table(title=f"{loss}: {args.sizes} sizes, float32, CPU, forward + backward",
                       caption="ratio = peer time / seqloss time (> 1: seqloss is faster); "
-                      "medians of interleaved rounds")
+                      "medians of interleaved rounds, min - max in brackets; ? = a spread over "
+                      f"{_NOISY:.0%} of the median")
+        times = {(r["case"], r["impl"]): r.get("times_ms") or [r["ms"]] for r in rows}
         for col, justify in (("case", "left"), ("seqloss", "left"), ("peer", "left"),
                              ("seqloss ms", "right"), ("peer ms", "right"), ("ratio", "right")):
             table.add_column(col, justify=justify)
@@ -179,8 +184,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             table.add_column("seqloss MiB", justify="right")
             table.add_column("peer MiB", justify="right")
         for p in pairs:
-            row = [p["case"], p["seqloss"], p["peer"], f"{p['seqloss_ms']:.2f}",
-                   f"{p['peer_ms']:.2f}", f"{p['ratio']:.2f}x"]
+            ts, tp = times.get((p["case"], p["seqloss"])), times.get((p["case"], p["peer"]))
+            noisy = _spread(ts) > _NOISY or _spread(tp) > _NOISY
+            noisy_any |= noisy
+            row = [p["case"], p["seqloss"], p["peer"], _ms(p["seqloss_ms"], ts),
+                   _ms(p["peer_ms"], tp), f"{p['ratio']:.2f}x" + ("?" if noisy else "")]
             if args.memory:
                 row += [_mib(p["seqloss_mib"]), _mib(p["peer_mib"])]
             table.add_row(*row)
@@ -192,6 +200,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         for line in getattr(mod, "notes", lambda _: [])(pairs):  # the family's own targets
             console.print(line, markup=False)
         out[loss] = {"rows": rows, "pairs": pairs}
+    if noisy_any:
+        console.print(f"warning: a figure marked ? varied by more than {_NOISY:.0%} of its "
+                      "median across rounds, so its ratio is noise: the machine is busy, or "
+                      "torch's OpenMP workers spin against the other library's threads; rerun "
+                      "with OMP_WAIT_POLICY=passive, --threads 1 or more --repeats",
+                      markup=False)
     if args.json:
         from .bench._common import machine_info
 
@@ -200,6 +214,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             json.dump(out, f, indent=1)
         console.print(f"results written to {args.json}", markup=False)
     return EXIT_OK
+
+
+_NOISY = 0.5  # (max - min) / median above which a ratio says nothing
+
+
+def _spread(ts: list[float] | None) -> float:
+    if not ts or len(ts) < 2:
+        return 0.0
+    med = sorted(ts)[len(ts) // 2]
+    return (max(ts) - min(ts)) / med if med > 0 else 0.0
+
+
+def _ms(median: float, ts: list[float] | None) -> str:
+    if not ts or len(ts) < 2:
+        return f"{median:.2f}"
+    return f"{median:.2f} [{min(ts):.2f} - {max(ts):.2f}]"
 
 
 def _mib(x: float | None) -> str:

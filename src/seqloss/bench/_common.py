@@ -141,7 +141,10 @@ def mem_child_main(impls: dict[str, Factory], argv: Sequence[str],
 # --------------------------------------------------------------------------- reporting
 def machine_info() -> dict:
     info = {"python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(),
+            # torch's OpenMP workers spin after each op unless "passive": on a loaded
+            # machine that alone swings a same-run ratio several-fold.
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default")}
     try:
         with open("/proc/cpuinfo") as f:
             txt = f.read()
