@@ -23,6 +23,7 @@ import seqloss
 
 from . import data as D
 
+N_EVAL = 64  # held-out utterances every model is scored on
 PLOT_HINT = "matplotlib is not installed: pip install seqloss[plot] to get the alignment heatmap"
 
 
@@ -58,7 +59,7 @@ def _decode_table(truth: list[list[int]], hyp: list[list[int]], n: int = 5) -> T
     t.add_column("truth")
     t.add_column("greedy decode")
     t.add_column("", justify="center")
-    for a, b in list(zip(truth, hyp, strict=False))[:n]:
+    for a, b in list(zip(truth, hyp, strict=True))[:n]:
         t.add_row(" ".join(map(str, a)), " ".join(map(str, b)), "ok" if a == b else "x")
     return t
 
@@ -276,8 +277,9 @@ def infeasible(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console)
 
 
 def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batch, out: Path,
-                  console: Console) -> Path | None:
-    """One utterance's CTC posteriors with its forced (Viterbi) path; None without matplotlib."""
+                  console: Console, b: int = 0, note: str | None = None) -> Path | None:
+    """Utterance ``b``'s CTC posteriors with its forced (Viterbi) path; None without
+    matplotlib. ``note``: what the greedy decoders made of it, printed beside the path."""
     try:
         import matplotlib
 
@@ -287,7 +289,6 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     except ImportError:
         console.print(PLOT_HINT, markup=False)
         return None
-    b = 0
     Tb, L = int(batch.input_lengths[b]), int(batch.target_lengths[b])
     with torch.no_grad():
         lp = model(batch.x[b: b + 1])  # (T, 1, C)
@@ -339,7 +340,7 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     path_png = out / "ctc_alignment.png"
     fig.savefig(path_png, dpi=120)
     plt.close(fig)
-    console.print(f"alignment heatmap written to {path_png}")
+    console.print(f"alignment heatmap written to {path_png}" + (f" ({note})" if note else ""))
     return path_png
 
 
@@ -365,7 +366,7 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
         f"{name}, {steps} steps, seed {seed}."
     )
     g_test = torch.Generator().manual_seed(seed + 1000)
-    test = D.make_batch(64, g_test)
+    test = D.make_batch(N_EVAL, g_test)
 
     model, losses = train_ctc(steps, seed, backend, console)
     _heading(console, "CTC loss (per label) falling")
@@ -375,32 +376,32 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     truth = [test.label_list(b) for b in range(test.x.shape[0])]
     _heading(console, "CTC greedy decode against the truth (held-out)")
     console.print(_decode_table(truth, hyp))
-    console.print(f"CTC label error rate on 64 held-out utterances: {_ler(truth, hyp):.1%}")
+    console.print(f"CTC label error rate on {N_EVAL} held-out utterances: "
+                  f"{_ler(truth, hyp):.1%}")
     _undertrained_hint(console, _ler(truth, hyp), steps)
 
     rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
     _heading(console, "RNN-T loss (per label) falling")
     console.print(_loss_table(r_losses, steps))
-    r_hyp, r_steps = D.rnnt_greedy_steps(rnnt_model, test.x[:16], test.input_lengths[:16])
+    r_hyp, r_steps = D.rnnt_greedy_steps(rnnt_model, test.x, test.input_lengths)
     _heading(console, "RNN-T greedy decode against the truth (held-out)")
     console.print(_decode_table(truth, r_hyp))
-    console.print("RNN-T label error rate on 16 held-out utterances: "
-                  f"{_ler(truth[:16], r_hyp):.1%}")
-    _undertrained_hint(console, _ler(truth[:16], r_hyp), steps)
+    console.print(f"RNN-T label error rate on {N_EVAL} held-out utterances: "
+                  f"{_ler(truth, r_hyp):.1%}")
+    _undertrained_hint(console, _ler(truth, r_hyp), steps)
 
     tdt_model, t_losses = train_tdt(steps, seed, backend, console)
     _heading(console, f"TDT loss (per label) falling (durations {list(tdt_model.durations)})")
     console.print(_loss_table(t_losses, steps))
-    t_hyp, t_steps = D.tdt_greedy(tdt_model, test.x[:16], test.input_lengths[:16],
-                                  tdt_model.durations)
-    frames = int(test.input_lengths[:16].sum())
-    _heading(console, "RNN-T and TDT greedy decoding on 16 held-out utterances "
+    t_hyp, t_steps = D.tdt_greedy(tdt_model, test.x, test.input_lengths, tdt_model.durations)
+    frames = int(test.input_lengths.sum())
+    _heading(console, f"RNN-T and TDT greedy decoding on the {N_EVAL} held-out utterances "
              f"({frames} frames; a step is one joint evaluation)")
-    console.print(decoding_steps(truth[:16], (r_hyp, r_steps), (t_hyp, t_steps), frames))
+    console.print(decoding_steps(truth, (r_hyp, r_steps), (t_hyp, t_steps), frames))
     saved = sum(r_steps) - sum(t_steps)
     console.print(f"TDT decodes in {sum(t_steps)} steps where RNN-T takes {sum(r_steps)}: "
                   f"{saved} fewer ({saved / max(1, sum(r_steps)):.0%}), by jumping over frames.")
-    _undertrained_hint(console, _ler(truth[:16], t_hyp), steps)
+    _undertrained_hint(console, _ler(truth, t_hyp), steps)
 
     console.rule("seqloss beside torch.nn.functional.ctc_loss")
     compare_with_torch(model, test, backend, console)
@@ -408,6 +409,12 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     infeasible(model, test, backend, console)
 
     console.rule("alignment")
-    alignment_png(model, rnnt_model, test, Path(out), console)
+    # Plot an utterance both greedy decoders got right, and say which it is.
+    both = [b for b in range(N_EVAL) if hyp[b] == truth[b] and r_hyp[b] == truth[b]]
+    b = both[0] if both else 0
+    verdict = {True: "right", False: "wrong"}
+    note = (f"held-out utterance {b}: CTC greedy {verdict[hyp[b] == truth[b]]}, "
+            f"RNN-T greedy {verdict[r_hyp[b] == truth[b]]}")
+    alignment_png(model, rnnt_model, test, Path(out), console, b=b, note=note)
     console.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
     return 0
