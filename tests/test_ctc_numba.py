@@ -206,14 +206,19 @@ def _child_loss(lp, tg, il, tl):
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean_target", "mean_batch",
                                        "mean_volume"])
-@pytest.mark.parametrize("variant", ["padded", "concat", "fused", "btc", "zero_inf", "float32"])
+@pytest.mark.parametrize("variant", ["padded", "concat", "fused", "btc", "zero_inf", "float32",
+                                     "fallback"])
 def test_pool_and_inline_paths_agree(monkeypatch, reduction, variant):
     """A small batch runs inline (one call: checks, sequences, reduction), a large one on
     the pool (checks, jobs, then the reduction): both give the same bits, and match the
-    reference."""
+    reference. ``fallback``: a sequence leaves the fast path, so the fast entry point
+    leaves it pending and ``_ctc_fallback`` finishes it and reduces."""
     x, tg, il, tl = _inputs(30, 7, 6, 6, seed=21)
     il[2] = 4  # infeasible: 4 frames for up to 6 labels (+inf, or 0 with zero_infinity)
     tl[2] = 6
+    if variant == "fallback":
+        tl[3] = 6
+        x[:, 3] *= 3000.0
     lp = x if variant == "fused" else x.log_softmax(-1)
     if variant == "float32":
         lp = lp.float()
@@ -235,6 +240,10 @@ def test_pool_and_inline_paths_agree(monkeypatch, reduction, variant):
         torch.set_num_threads(old)
     (la, ga), (lb, gb) = outs
     assert torch.equal(la, lb) and torch.equal(ga, gb)
+    if variant == "fallback":
+        status: list[str] = []
+        nk.ctc_loss_forward(lp, targets, il, tl, 0, fused, True, _status=status, **kw)
+        assert status[3] == "extended", status
     want, want_g = rk.ctc_loss_forward(lp.double(), tg, il, tl, 0, fused, True)
     if variant == "zero_inf":
         want = torch.where(torch.isinf(want), 0.0, want)

@@ -110,7 +110,10 @@ def _run(spec, lp):
     # numba_cpu.ctc_loss_forward's inline branch, the arguments checked and made (the
     # kernel checks the values: a nonzero return names none, the Python checks do).
     k, kargs = spec[0], spec[1]
-    if k._ctc_chunk(*kargs):
+    bad = k._ctc_chunk(*kargs)
+    if bad < 0:  # a sequence left the fast path
+        k._ctc_fallback(*kargs[:-2])
+    elif bad:
         T, _, C = lp.shape
         k._raise_bad(spec[4], spec[5], spec[6], T, C, kargs[13])
 

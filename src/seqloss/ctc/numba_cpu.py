@@ -85,6 +85,8 @@ Z_MIN = 2.0**-1000
 EXP_MIN = -708.0
 
 FAST, FALLBACK, INFEASIBLE, EXTENDED, POISONED = 0, 1, 2, 3, 4
+# Left by ``_ctc_seq`` for ``_ctc_seq_slow`` (the extended and log-space paths).
+PENDING = 5
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.6931471803691238
@@ -205,6 +207,24 @@ def _offsets(tl):
         toff[b] = off
         off += max(tl[b], 0)
     return toff
+
+
+# Constant arguments are typed as literals (``Literal[bool](True)``), and a function
+# called with a literal in one place and a variable in another is compiled twice
+# (``_fast_alpha``: ~5 s more on a fresh cache). These return the plain types.
+@njit(inline="always", cache=True)
+def _YES():
+    return np.bool_(True)
+
+
+@njit(inline="always", cache=True)
+def _NO():
+    return np.bool_(False)
+
+
+@njit(inline="always", cache=True)
+def _I0():
+    return np.int64(0)
 
 
 @njit(cache=True, error_model="numpy")
@@ -352,14 +372,14 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, 
         skip[s] = lab[(s + 1) // 2] != lab[(s - 1) // 2]
     la = np.full((S, K), NEG_INF)
     cla = np.empty((nck, K))
-    _log_alpha(x, tb_layout, b, C, lab, Tb, fused, True, 0, Tb, lse, lp, la, cla, skip)
+    _log_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), _I0(), Tb, lse, lp, la, cla, skip)
     laf = la[(Tb - 1) % S]
     ll = laf[K - 1]
     if K > 1:
         ll = _logaddexp(ll, laf[K - 2])
     if ll == NEG_INF:
         if compute_grad:
-            _zero_rows(grad, tb_layout, b, 0, Tb)
+            _zero_rows(grad, tb_layout, b, _I0(), Tb)
         return INF
     if not compute_grad:
         return -ll
@@ -374,7 +394,7 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, 
         t1 = min(Tb, t0 + S)
         if k < nseg - 1:
             la[0] = cla[k]
-            _log_alpha(x, tb_layout, b, C, lab, Tb, fused, False, t0, t1, lse, lp, la, cla, skip)
+            _log_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), t0, t1, lse, lp, la, cla, skip)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lat = la[r]
@@ -647,8 +667,8 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
     CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, True, compute_grad, grad,
-                               0, Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), compute_grad, grad,
+                               _I0(), Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
     if not ok:
         return FALLBACK
     rf = (Tb - 1) % S
@@ -686,7 +706,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
             AE[0] = CE[sg]
             AO[0] = CO[sg]
             KA[0] = CK[sg]
-            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, False, False, grad,
+            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), _NO(), grad,
                         t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
@@ -950,8 +970,8 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     CEk = np.empty((nck, nl), np.int64)
     COm = np.empty((nck, no))
     COk = np.empty((nck, no), np.int64)
-    if not _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, True, compute_grad, grad, 0, Tb, lses,
-                      Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
+    if not _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), compute_grad, grad, _I0(), Tb,
+                      lses, Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
         return FALLBACK
     rf = (Tb - 1) % S
     k1 = AEk[rf, Lb]
@@ -962,7 +982,7 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     if not pf > 0.0:
         out_loss[b] = INF
         if compute_grad:
-            _zero_rows(grad, tb_layout, b, 0, Tb)
+            _zero_rows(grad, tb_layout, b, _I0(), Tb)
         return INFEASIBLE
     out_loss[b] = -(math.log(pf) + kk * math.log(2.0))
     if not compute_grad:
@@ -993,7 +1013,7 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
             AEk[0] = CEk[sg]
             AOm[0] = COm[sg]
             AOk[0] = COk[sg]
-            _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, False, False, grad, t0, t1, lses,
+            _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), _NO(), grad, t0, t1, lses,
                        Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
@@ -1060,16 +1080,20 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     return FAST
 
 
-@njit(nogil=True, cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss, status,
              mode, seg, w, b):
-    """CTC loss (and gradient) of sequence ``b``: picks the path, records it.
+    """CTC loss (and gradient) of sequence ``b`` on the fast path, or ``PENDING``.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
     Updates: ``loss[b]`` (float64; float32 for float32 inputs), ``status[b]`` (FAST /
-    EXTENDED / FALLBACK / INFEASIBLE) and, when ``compute_grad``, sequence ``b``'s rows of
-    ``grad``, scaled by the reduction's weight ``w`` while they are in cache.
-    Releases the GIL: the batch runs on a thread pool (see ``_run_batch``).
+    INFEASIBLE / POISONED, or PENDING: the fast path failed or ``mode`` skips it, and
+    ``_ctc_seq_slow`` finishes the sequence) and, when ``compute_grad``, sequence ``b``'s
+    rows of ``grad``, scaled by the reduction's weight ``w`` while they are in cache.
+    The slower paths are not called from here: Numba compiles every function a jitted
+    function can reach, and each caller re-optimizes and re-emits its callees' code,
+    so they cost a fresh cache ~60% more compile time although few inputs take them.
+    Inlined into ``_ctc_chunk``, one level of that re-optimization less.
     """
     T = x.shape[0] if tb_layout else x.shape[1]
     C = x.shape[2]
@@ -1095,24 +1119,46 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
         loss[b] = 0.0 if (Tb == 0 and Lb == 0) else INF
         status[b] = INFEASIBLE
         if compute_grad:
-            _zero_rows(grad, tb_layout, b, 0, Tb)
+            _zero_rows(grad, tb_layout, b, _I0(), Tb)
         return
-    st = FALLBACK
+    st = PENDING
     if mode == 0:
         st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
-    if st == FALLBACK and mode <= 1:
+    if st != FAST:
+        status[b] = PENDING
+        return
+    status[b] = FAST
+    if compute_grad and w != 1.0:
+        _scale_rows(grad, tb_layout, b, Tb, w)
+
+
+@njit(cache=True, error_model="numpy")
+def _scale_rows(grad, tb_layout, b, Tb, w):
+    for t in range(Tb):
+        for c in range(grad.shape[2]):
+            if tb_layout:
+                grad[t, b, c] *= w
+            else:
+                grad[b, t, c] *= w
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
+                  status, mode, seg, w, b):
+    """Sequence ``b`` left ``PENDING`` by ``_ctc_seq``: the extended-range path (unless
+    ``mode == 2``), then log space; same updates as ``_ctc_seq``."""
+    C = x.shape[2]
+    Tb = il[b]
+    lab = _labels(targets, toff, b, tl[b], blank)
+    st = FALLBACK
+    if mode <= 1:
         st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
         st = EXTENDED if st == FAST else st
     if st == FALLBACK:
         loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg)
     status[b] = st
     if compute_grad and w != 1.0:
-        for t in range(Tb):
-            for c in range(C):
-                if tb_layout:
-                    grad[t, b, c] *= w
-                else:
-                    grad[b, t, c] *= w
+        _scale_rows(grad, tb_layout, b, Tb, w)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -1184,8 +1230,10 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     ``chunk = 0``: the whole call on the calling thread (a small batch, ``_inline``), in
     one dispatch instead of three: the value checks when ``validate`` (a nonzero
     return, as ``_check_values``: nothing computed; the offsets are then computed
-    here), every sequence, then ``_finish`` into ``out``. One function for both: a
-    second entry point compiling the same callees costs 2.5-3.6 s more on a fresh cache.
+    here), every sequence, then ``_finish`` into ``out``; or -1, nothing reduced, when a
+    sequence is left ``PENDING`` (the caller then runs ``_ctc_fallback``). One function
+    for both: a second entry point compiling the same callees costs 2.5-3.6 s more on a
+    fresh cache.
     """
     i0 = np.int64(0)
     shape = (T, B, C) if tb_layout else (B, T, C)
@@ -1199,24 +1247,61 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     status = carray(_ptr(statusp, i0), (B,)) if statusp != 0 else np.empty(B, np.int64)
     out = carray(_ptr(outp, zero), (1,)) if outp != 0 else np.empty(1, x.dtype)
     total = _red_total(red, tl)
-    if chunk > 0:
-        for k in range(job * chunk, min(B, (job + 1) * chunk)):
-            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
-                     loss, status, mode, seg, _seq_weight(red, tl[k], B, total), k)
-        return 0
-    if validate:
-        bad, offs = _check_values(targets, concat, il, tl, T, x.shape[2], blank)
-        if bad:
-            return bad
-    elif concat:
-        offs = _offsets(tl)
-    else:
-        offs = toff
-    for b in range(B):
+    b0, b1 = job * chunk, min(B, (job + 1) * chunk)
+    offs = toff
+    if chunk == 0:
+        b0, b1 = 0, B
+        if validate:
+            bad, offs = _check_values(targets, concat, il, tl, T, x.shape[2], blank)
+            if bad:
+                return bad
+        elif concat:
+            offs = _offsets(tl)
+    pending = False
+    for b in range(b0, b1):  # one call site: _ctc_seq is inlined
         _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, compute_grad, grad, loss,
                  status, mode, seg, _seq_weight(red, tl[b], B, total), b)
+        pending |= status[b] == PENDING
+    if chunk > 0:
+        return 0
+    if pending:
+        return -1  # the caller runs _ctc_fallback
     _finish(loss, tl, red, zero_infinity, out, grad, tb_layout)
     return 0
+
+
+@njit(cache=True, error_model="numpy")
+def _ctc_fallback(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank,
+                  fused, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp,
+                  validate):
+    """``_ctc_chunk``'s arguments (the values checked): finishes the sequences that
+    ``_ctc_chunk`` left ``PENDING`` (with ``statusp == 0`` it did not keep them: every
+    sequence is run again, bit for bit), then ``_finish`` into ``out``. A separate
+    entry point, so that it is compiled only when an input leaves the fast path."""
+    i0 = np.int64(0)
+    shape = (T, B, C) if tb_layout else (B, T, C)
+    x = carray(_ptr(xp, zero), shape)
+    grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
+    targets = carray(_ptr(tgp, i0), (R, S))
+    il = carray(_ptr(ilp, i0), (B,))
+    tl = carray(_ptr(tlp, i0), (B,))
+    if toffp != 0:
+        toff = carray(_ptr(toffp, i0), (B,))
+    else:
+        toff = _offsets(tl) if concat else np.empty(0, np.int64)
+    loss = carray(_ptr(lossp, zero), (B,)) if lossp != 0 else np.empty(B, x.dtype)
+    status = carray(_ptr(statusp, i0), (B,)) if statusp != 0 else np.empty(B, np.int64)
+    out = carray(_ptr(outp, zero), (1,)) if outp != 0 else np.empty(1, x.dtype)
+    total = _red_total(red, tl)
+    for b in range(B):
+        w = _seq_weight(red, tl[b], B, total)
+        if statusp == 0:
+            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
+                     loss, status, mode, seg, w, b)
+        if status[b] == PENDING:
+            _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad,
+                          grad, loss, status, mode, seg, w, b)
+    _finish(loss, tl, red, zero_infinity, out, grad, tb_layout)
 
 
 # Lattice cells (the batch's sum of T_b (2 L_b + 1)) below which one thread runs them.
@@ -1348,7 +1433,9 @@ def ctc_loss_forward(
         grad = gbuf if tb_layout else gbuf.transpose(0, 1)
     # float32 losses are stored straight from the float64 accumulators (one rounding)
     loss = torch.empty(B, dtype=work)
-    status = torch.empty(B, dtype=torch.int64) if _status is not None else None
+    # the pool's jobs leave a sequence PENDING for _ctc_fallback in it
+    status = (torch.empty(B, dtype=torch.int64) if _status is not None or not inline
+              else None)
     red = _REDUCTIONS[reduction]
     out = torch.empty((), dtype=work)
     toff_t = torch.from_numpy(toff) if toff is not None and concat else None
@@ -1358,11 +1445,16 @@ def ctc_loss_forward(
             0 if status is None else status.data_ptr(), _MODES[_path], int(_SEGMENT_OVERRIDE),
             red, bool(zero_infinity), out.data_ptr(), bool(validate))
     if inline:
-        if _ctc_chunk(*args, 0, 0):
+        bad = _ctc_chunk(*args, 0, 0)
+        if bad > 0:
             _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
+        if bad < 0:
+            _ctc_fallback(*args)
     else:
         _run_batch(args, B, il)
-        if zero_infinity or red != RED_NONE:
+        if (status.numpy() == PENDING).any():
+            _ctc_fallback(*args)
+        elif zero_infinity or red != RED_NONE:
             gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work].dtype)
             _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
                     tb_layout)
