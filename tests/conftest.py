@@ -61,6 +61,26 @@ def backend_params(family: str):
     return out
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "reference_oracle: the oracle is the reference backend, so the test's "
+        "reference parametrization (which would test the reference against itself) is not run")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        params = params.params if params else {}
+        self_oracle = item.get_closest_marker("reference_oracle") and any(
+            (k == "backend" or k.endswith("_backend")) and v == "reference"
+            for k, v in params.items())
+        (dropped if self_oracle else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 def device_for(backend: str) -> torch.device:
     """Triton runs on CUDA when present, else on CPU under TRITON_INTERPRET=1."""
     if backend == "triton" and torch.cuda.is_available():

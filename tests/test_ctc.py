@@ -121,7 +121,10 @@ def test_gradcheck(ctc_backend, fused):
     lp = lp.detach().requires_grad_()
     f = lambda z: seqloss.ctc_loss(z, tg, il, tl, reduction="none", fused_log_softmax=fused,
                                    backend=ctc_backend)
-    assert torch.autograd.gradcheck(f, (lp,), eps=1e-6, atol=1e-8, rtol=1e-6)
+    # Interpreted Triton: one random direction (fast_mode); test_brute_force checks its
+    # gradient element by element.
+    assert torch.autograd.gradcheck(f, (lp,), eps=1e-6, atol=1e-8, rtol=1e-6,
+                                    fast_mode=ctc_backend == "triton")
 
 
 # ------------------------------------------------------------------ extremes and dtypes
@@ -131,7 +134,7 @@ def test_extreme_logits_finite(ctc_backend):
     logits, tg, il, tl = _batch(T, B, C, S, seed=4, dtype=torch.float64)
     peaked = torch.sign(logits) * 1e4  # log-probs reach about -2e4
     lp64 = peaked.log_softmax(-1)
-    want = seqloss.ctc_loss(lp64, tg, il, tl, reduction="none", backend="reference")
+    want = F.ctc_loss(lp64, tg, il, tl, reduction="none")  # float64
     x = lp64.float().to(device).requires_grad_()
     got = seqloss.ctc_loss(x, tg, il, tl, reduction="none", backend=ctc_backend)
     (g,) = torch.autograd.grad(got.sum(), x)
@@ -168,7 +171,7 @@ def test_float64_loss_dtype_and_noncontiguous(ctc_backend):
     x = btc.transpose(0, 1)  # (T, B, C), not contiguous
     assert not x.is_contiguous()
     a = seqloss.ctc_loss(x.log_softmax(-1), tg, il, tl, reduction="none", backend=ctc_backend)
-    b = seqloss.ctc_loss(logits.log_softmax(-1), tg, il, tl, reduction="none", backend="reference")
+    b = F.ctc_loss(logits.log_softmax(-1), tg, il, tl, reduction="none")
     assert a.dtype == torch.float64
     assert_close_budget(a, b, rtol=1e-12, what="loss")
 
@@ -201,8 +204,8 @@ def test_nonfinite_poisons_one_sequence(ctc_backend, fused, bad):
     loss = seqloss.ctc_loss(x, tg, il, tl, reduction="none", fused_log_softmax=fused,
                             backend=ctc_backend)
     (g,) = torch.autograd.grad(loss.sum(), x)
-    want = seqloss.ctc_loss(clean, tg, il, tl, reduction="none", fused_log_softmax=fused,
-                            backend="reference")
+    want = F.ctc_loss(clean.double().log_softmax(-1) if fused else clean.double(), tg, il, tl,
+                      reduction="none")
     assert torch.isnan(loss[1])
     assert torch.isnan(g[:9, 1]).all()
     assert torch.count_nonzero(g[9:, 1]) == 0

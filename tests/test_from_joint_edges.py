@@ -148,6 +148,10 @@ KINDS = ["rnnt", "mb", "tdt"]
 @pytest.mark.parametrize("backend", backend_params("lattice"))
 def test_garbage_padding_reaches_no_gradient(backend, kind, chunk, fill, tile_ops):
     _skip_other_backends(backend, tile_ops)
+    if backend == "triton" and not math.isnan(fill):
+        # The fill is replaced before the joint (torch's ops, the same on every backend):
+        # the lattice kernel sees the same input whatever the fill; NaN is enough for it.
+        pytest.skip("interpreted Triton: the kernel's input does not depend on the fill")
     joint, enc, pred, tg, Tl, tl = _case(kind, TL, UL, T, U)
     W = joint.out.out_features
     rows = 10**9 if chunk == "batch" else 2 * T * (U + 1)
@@ -199,22 +203,31 @@ GARBAGE = st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e300, -1e
 
 
 @pytest.mark.parametrize("backend", backend_params("lattice"))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), kind=st.sampled_from(KINDS), B=st.integers(1, 4),
-       T=st.integers(1, 5), U=st.integers(0, 3), fe=GARBAGE, fp=GARBAGE,
-       chunk=st.sampled_from([1, 7, 30, 10**9]), divide=st.booleans(), rows=st.booleans())
-def test_property_padding_garbage_never_reaches_a_gradient(backend, data, kind, B, T, U, fe, fp,
-                                                           chunk, divide, rows):
-    Tl = data.draw(st.lists(st.integers(0, T), min_size=B, max_size=B), label="Tl")
-    tl = data.draw(st.lists(st.integers(0, U), min_size=B, max_size=B), label="tl")
-    seed = data.draw(st.integers(0, 2**16), label="seed")
-    joint, enc, pred, tg, Tl, tl = _case(kind, Tl, tl, T, U, seed=seed, divide=divide)
-    want = _oracle(kind, joint, enc, pred, tg, Tl, tl)
-    enc, pred = _pad(enc, pred, Tl, tl, fe, fp)
-    W = joint.out.out_features
-    width = 1 if rows else 10**9  # the Numba row passes forced, or torch's ops
-    with mock.patch("seqloss.transducer.joint.numba_rows.MIN_ROW_WIDTH", width):
-        _check(_ours(kind, joint, enc, pred, tg, Tl, tl, backend, chunk * W), want, Tl, tl)
+def test_property_padding_garbage_never_reaches_a_gradient(backend):
+    # Interpreted Triton (~1 s an example): fewer examples.
+    slow = backend == "triton" and not torch.cuda.is_available()
+    _padding_property(8 if slow else 25)(backend)
+
+
+def _padding_property(max_examples):
+    @settings(max_examples=max_examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data(), kind=st.sampled_from(KINDS), B=st.integers(1, 4),
+           T=st.integers(1, 5), U=st.integers(0, 3), fe=GARBAGE, fp=GARBAGE,
+           chunk=st.sampled_from([1, 7, 30, 10**9]), divide=st.booleans(), rows=st.booleans())
+    def check(backend, data, kind, B, T, U, fe, fp, chunk, divide, rows):
+        Tl = data.draw(st.lists(st.integers(0, T), min_size=B, max_size=B), label="Tl")
+        tl = data.draw(st.lists(st.integers(0, U), min_size=B, max_size=B), label="tl")
+        seed = data.draw(st.integers(0, 2**16), label="seed")
+        joint, enc, pred, tg, Tl, tl = _case(kind, Tl, tl, T, U, seed=seed, divide=divide)
+        want = _oracle(kind, joint, enc, pred, tg, Tl, tl)
+        enc, pred = _pad(enc, pred, Tl, tl, fe, fp)
+        W = joint.out.out_features
+        width = 1 if rows else 10**9  # the Numba row passes forced, or torch's ops
+        with mock.patch("seqloss.transducer.joint.numba_rows.MIN_ROW_WIDTH", width):
+            _check(_ours(kind, joint, enc, pred, tg, Tl, tl, backend, chunk * W), want, Tl, tl)
+
+    return check
 
 
 # --------------------------------------------------------------------------- float32

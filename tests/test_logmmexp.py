@@ -245,8 +245,11 @@ def test_gradcheck_float64(backend):
         b = (scale * torch.randn(5, 4, generator=gen, dtype=torch.float64)).to(dev)
         a.requires_grad_()
         b.requires_grad_()
+        # Interpreted Triton: one random direction (fast_mode);
+        # test_values_and_grads_match_exact checks every element's gradient.
         assert torch.autograd.gradcheck(
-            lambda x, y: seqloss.logmmexp(x, y, backend=backend), (a, b))
+            lambda x, y: seqloss.logmmexp(x, y, backend=backend), (a, b),
+            fast_mode=backend == "triton")
 
 
 def test_double_backward_raises(backend):
@@ -399,7 +402,7 @@ _MEM_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("backend,shape", [
     pytest.param("numba", (1, 1024, 1100, 1024), id="numba-4.3GiB-broadcast"),
-    pytest.param("reference", (1, 1024, 256, 1024), id="reference-1GiB-broadcast"),
+    pytest.param("reference", (1, 1024, 128, 1024), id="reference-0.5GiB-broadcast"),
 ])
 def test_peak_memory_far_below_the_broadcast(backend, shape):
     pytest.importorskip("numba") if backend == "numba" else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from conftest import device_for
@@ -42,6 +44,20 @@ def _loss_grad(x, tg, il, tl, backend, reduction="none", **kw):
 
 def _pack(x, il, tl):
     return torch.cat([x[b, : il[b], : tl[b] + 1].reshape(-1, x.shape[-1]) for b in range(len(il))])
+
+
+def _brute_batch(x, tg, il, tl, blank=0, fused=True):
+    """Per-sequence losses and the gradient of their sum, by path enumeration (float64)."""
+    x = x.detach().double().cpu().requires_grad_()
+    losses = []
+    for b in range(x.shape[0]):
+        Tb, Ub = int(il[b]), int(tl[b])
+        xb = x[b, :Tb, : Ub + 1]
+        losses.append(brute_force_rnnt(xb.log_softmax(-1) if fused else xb, tg[b, :Ub].tolist(),
+                                       blank))
+    loss = torch.stack(losses)
+    (g,) = torch.autograd.grad(loss.sum(), x)
+    return loss.detach(), g
 
 
 # ------------------------------------------------------------------ brute force
@@ -180,7 +196,10 @@ def test_gradcheck(rnnt_backend, fused):
     lp = (x if fused else x.log_softmax(-1)).detach().requires_grad_()
     f = lambda z: seqloss.rnnt_loss(z, tg, il, tl, blank=0, reduction="none",
                                     fused_log_softmax=fused, backend=rnnt_backend)
-    assert torch.autograd.gradcheck(f, (lp,), eps=1e-6, atol=1e-8, rtol=1e-6)
+    # Interpreted Triton: one random direction (fast_mode); test_brute_force checks its
+    # gradient element by element.
+    assert torch.autograd.gradcheck(f, (lp,), eps=1e-6, atol=1e-8, rtol=1e-6,
+                                    fast_mode=rnnt_backend == "triton")
 
 
 # ------------------------------------------------------------------ layouts and batching
@@ -221,6 +240,7 @@ def test_batched_equals_per_sequence(rnnt_backend):
                 and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0)
 
 
+@pytest.mark.reference_oracle
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_matches_reference_float64(rnnt_backend, reduction):
     device = device_for(rnnt_backend)
@@ -258,11 +278,17 @@ def test_against_torchaudio(rnnt_backend):
 
 
 # ------------------------------------------------------------------ extremes and dtypes
+@functools.cache
+def _extreme_oracle():
+    x, tg, il, tl = _batch(3, 10, 4, 6, seed=8, dtype=torch.float64)
+    return _brute_batch(torch.sign(x) * 1e4, tg, il, tl)
+
+
 def test_extreme_logits_finite(rnnt_backend):
     device = device_for(rnnt_backend)
     x, tg, il, tl = _batch(3, 10, 4, 6, seed=8, dtype=torch.float64)
     x = torch.sign(x) * 1e4
-    want, want_g = _loss_grad(x, tg, il, tl, "reference", blank=0)
+    want, want_g = _extreme_oracle()
     got, g = _loss_grad(x.float().to(device), tg, il, tl, rnnt_backend, blank=0)
     assert torch.isfinite(got).all() and torch.isfinite(g).all()
     assert_close_budget(got, want, rtol=1e-6, what="loss")
@@ -291,9 +317,9 @@ def test_noncontiguous(rnnt_backend):
     xt = x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # (B, T, U+1, V), strides swapped
     assert not xt.is_contiguous()
     a, ga = _loss_grad(xt, tg, il, tl, rnnt_backend, blank=0)
-    b, gb = _loss_grad(x, tg, il, tl, "reference", blank=0)
-    assert_close_budget(a, b, rtol=1e-12, what="loss")
-    assert_close_budget(ga, gb, rtol=1e-12, atol=1e-15, what="grad")
+    b, gb = _brute_batch(x, tg, il, tl)
+    assert_close_budget(a, b, rtol=1e-10, what="loss")
+    assert_close_budget(ga, gb, rtol=1e-10, atol=1e-12, what="grad")
 
 
 def test_determinism(rnnt_backend):
@@ -352,12 +378,11 @@ def test_neg_inf_is_a_valid_log_prob(rnnt_backend):
         xi[..., 4] = -INF  # class 4 masked out, never a target
         loss, g = _loss_grad(xi.to(device), tg, il, tl, rnnt_backend, blank=0,
                              fused_log_softmax=fused)
-        want, wg = _loss_grad(xi[..., :4], tg, il, tl, "reference", blank=0,
-                              fused_log_softmax=fused)
+        want, wg = _brute_batch(xi[..., :4], tg, il, tl, fused=fused)
         assert torch.isfinite(loss).all() and torch.isfinite(g).all()
         assert torch.count_nonzero(g[..., 4]) == 0
-        assert_close_budget(loss, want, rtol=1e-12, what="loss")
-        assert_close_budget(g[..., :4], wg, rtol=1e-12, atol=1e-15, what="grad")
+        assert_close_budget(loss, want, rtol=1e-10, what="loss")
+        assert_close_budget(g[..., :4], wg, rtol=1e-10, atol=1e-12, what="grad")
 
 
 @pytest.mark.parametrize("zero_infinity", [False, True])

@@ -38,15 +38,25 @@ def _grads(fn, inputs: list[torch.Tensor], dtype: torch.dtype) -> list[torch.Ten
     return list(torch.autograd.grad(loss.sum(), xs))
 
 
+def gradient_errors(fn, inputs: list[torch.Tensor], dtype: torch.dtype) -> dict[str, float]:
+    """The gradient's error in ``dtype`` against float64 on the ``dtype``-rounded inputs:
+    ``"inputs"``, of the data inputs, and ``"params"``, of a joint module's parameters
+    (where ``fn`` has them), from one backward pass in each dtype."""
+    rounded = [x.to(dtype).double() for x in inputs]
+    params = getattr(fn, "params", ())
+    got, want = _grads(fn, rounded, dtype), _grads(fn, rounded, torch.float64)
+    out = {}
+    for which in ("inputs", "params") if params else ("inputs",):
+        keep = [i for i in range(len(inputs)) if (i in params) == (which == "params")]
+        out[which] = _rel([got[i] for i in keep], [want[i] for i in keep])
+    return out
+
+
 def gradient_error(fn, inputs: list[torch.Tensor], dtype: torch.dtype,
                    which: str = "inputs") -> float:
     """The gradient's error in ``dtype`` against float64 on the ``dtype``-rounded inputs:
     of the data inputs, or (``which="params"``) of a joint module's parameters."""
-    rounded = [x.to(dtype).double() for x in inputs]
-    params = getattr(fn, "params", ())
-    keep = [i for i in range(len(inputs)) if (i in params) == (which == "params")]
-    got, want = _grads(fn, rounded, dtype), _grads(fn, rounded, torch.float64)
-    return _rel([got[i] for i in keep], [want[i] for i in keep])
+    return gradient_errors(fn, inputs, dtype)[which]
 
 
 # --------------------------------------------------------------------------- cases
