@@ -1,0 +1,261 @@
+"""hat_loss(_from_joint) against brute-force enumeration of every RNN-T path in float64."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import pytest
+import torch
+from conftest import backend_params
+
+from seqloss import InputError
+from seqloss.transducer.hat import HATLoss, hat_loss, hat_loss_from_joint
+
+INF = float("inf")
+REDUCTIONS = ["none", "sum", "mean", "mean_batch", "mean_target", "mean_volume"]
+
+
+def _case(B=3, T=4, U=3, V=5, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64) * 2).to(dtype)
+    y = torch.randint(0, V - 1, (B, U), generator=g)
+    il = torch.tensor([T, T - 1, 2, 0][:B])
+    tl = torch.tensor([U, 1, 0, 2][:B])
+    return x, y, il, tl
+
+
+def _read(il, tl, T, U1):
+    tt = torch.arange(T)[None, :, None]
+    uu = torch.arange(U1)[None, None, :]
+    return (tt < il[:, None, None]) & (uu <= tl[:, None, None])
+
+
+def _arcs(x, y, blank, il, delay_penalty):
+    """HAT's arc log-probabilities from the probabilities themselves (float64)."""
+    B, T, U1, V = x.shape
+    keep = [c for c in range(V) if c != blank]
+    p_blank = torch.sigmoid(x[..., blank])
+    p_labels = torch.zeros_like(x)
+    p_labels[..., keep] = torch.softmax(x[..., keep], -1) * (1 - p_blank)[..., None]
+    lab = torch.zeros(B, U1, dtype=torch.long)
+    lab[:, : U1 - 1] = y[:, : U1 - 1]
+    ae = p_labels.gather(-1, lab[:, None, :, None].expand(B, T, U1, 1))[..., 0].log()
+    t = torch.arange(T, dtype=torch.float64)
+    ae = ae + delay_penalty * ((il[:, None, None] - 1) / 2 - t[None, :, None])
+    return p_blank.log(), ae
+
+
+def _brute_ll(ab, ae, Tb, Ub):
+    """log-sum over every path (0, 0) -> (T_b, U_b) of its arcs' scores."""
+    if Tb == 0:
+        return None
+    n = Tb - 1 + Ub
+    scores = []
+    for emits in combinations(range(n), Ub):
+        t = u = 0
+        s = ab.new_zeros(())
+        for k in range(n):
+            if k in emits:
+                s = s + ae[t, u]
+                u += 1
+            else:
+                s = s + ab[t, u]
+                t += 1
+        scores.append(s + ab[Tb - 1, Ub])
+    return torch.logsumexp(torch.stack(scores), 0)
+
+
+def _weights(reduction, tl, B):
+    if reduction in ("mean", "mean_batch"):
+        return torch.full((B,), 1.0 / B, dtype=torch.float64)
+    if reduction == "mean_target":
+        return 1.0 / (tl.double().clamp(min=1) * B)
+    if reduction == "mean_volume":
+        return torch.full((B,), 1.0 / max(int(tl.sum()), 1), dtype=torch.float64)
+    return torch.ones(B, dtype=torch.float64)
+
+
+def _oracle(x, y, il, tl, *, blank=-1, clamp=-1.0, reduction="mean", fastemit_lambda=0.0,
+            delay_penalty=0.0, zero_infinity=False, upstream=None):
+    """``(value, gradient)`` by enumeration: per-sequence gradients by autograd through the
+    enumeration, FastEmit on the emission arcs, clamp, then the reduction's weights."""
+    B, T, U1, V = x.shape
+    blank = blank % V
+    rows = _read(il, tl, T, U1)
+    x64 = torch.where(rows[..., None], x.detach().double(), 0.0).requires_grad_()
+    ab, ae = _arcs(x64, y, blank, il, delay_penalty)
+    scale = 1.0 + fastemit_lambda
+    losses, grads = [], []
+    for b in range(B):
+        ll = _brute_ll(ab[b], ae[b], int(il[b]), int(tl[b]))
+        if ll is None:
+            losses.append(torch.tensor(0.0 if zero_infinity else INF, dtype=torch.float64))
+            grads.append(torch.zeros_like(x64))
+            continue
+        gab, gae = torch.autograd.grad(-ll, (ab, ae), retain_graph=True, allow_unused=True,
+                                       materialize_grads=True)
+        (g,) = torch.autograd.grad((ab, ae), x64, (gab, gae * scale), retain_graph=True)
+        if clamp > 0:
+            g = g.clamp(-clamp, clamp)
+        losses.append(-ll.detach() * scale)
+        grads.append(g)
+    losses = torch.stack(losses)
+    w = _weights(reduction, tl, B)
+    if reduction == "none":
+        up = upstream if upstream is not None else torch.ones(B, dtype=torch.float64)
+        value = losses
+    else:
+        up = torch.full((B,), 1.0 if upstream is None else float(upstream), dtype=torch.float64)
+        value = (losses * w).sum()
+    grad = sum(grads[b] * w[b] * up[b] for b in range(B))
+    return value, grad
+
+
+def _run(x, y, il, tl, upstream=None, **kw):
+    x = x.detach().clone().requires_grad_()
+    loss = hat_loss(x, y, il, tl, **kw)
+    if kw.get("reduction") == "none":
+        up = torch.ones(loss.shape) if upstream is None else upstream
+        loss.backward(up.to(loss.dtype))
+    else:
+        (loss * (1.0 if upstream is None else upstream)).backward()
+    return loss, x.grad
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("backend", backend_params("lattice"))
+def test_against_brute_force(backend, reduction):
+    x, y, il, tl = _case(B=4)
+    up = torch.tensor([0.5, -1.5, 2.0, 1.0], dtype=torch.float64) if reduction == "none" else 0.7
+    ref_v, ref_g = _oracle(x, y, il, tl, reduction=reduction, zero_infinity=True, upstream=up)
+    v, g = _run(x, y, il, tl, up, reduction=reduction, zero_infinity=True, backend=backend)
+    torch.testing.assert_close(v, ref_v, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(g, ref_g, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"delay_penalty": 0.4},
+        {"delay_penalty": -0.7},
+        {"clamp": 0.02},
+        {"fastemit_lambda": 0.5},
+        {"fastemit_lambda": 0.3, "delay_penalty": 0.2, "clamp": 0.05, "reduction": "sum"},
+        {"blank": 0},
+        {"blank": 2, "reduction": "mean_target"},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_options_against_brute_force(opts, chunk):
+    x, y, il, tl = _case(B=3, T=5, U=3, V=6, seed=1)
+    blank = opts.get("blank", -1) % 6
+    y = torch.where(y >= blank, y + 1, y)  # every label but the blank
+    ref_v, ref_g = _oracle(x, y, il, tl, **opts)
+    rows = _read(il, tl, *x.shape[1:3])
+    with torch.no_grad():
+        x.masked_fill_(~rows[..., None], float("nan"))  # padding: never read
+    v, g = _run(x, y, il, tl, chunk_elements=chunk, **opts)
+    torch.testing.assert_close(v, ref_v, atol=1e-10, rtol=1e-10)
+    assert (g[~rows] == 0).all()
+    torch.testing.assert_close(g, ref_g, atol=1e-10, rtol=1e-10)
+    if "clamp" in opts:  # the clamp binds somewhere, or the test proves nothing
+        unclamped = _oracle(x, y, il, tl, **{**opts, "clamp": -1})[1]
+        assert (unclamped - ref_g).abs().max() > 1e-3
+
+
+def test_impossible_and_infinite():
+    x, y, il, tl = _case(B=4)  # the last sequence has no frame
+    v, g = _run(x, y, il, tl, reduction="none")
+    assert v[3] == INF and (g[3] == 0).all() and torch.isfinite(v[:3]).all()
+    v0, _ = _run(x, y, il, tl, reduction="none", zero_infinity=True)
+    assert v0[3] == 0 and torch.equal(v0[:3], v[:3])
+
+
+def test_nan_in_a_read_row_stays_in_its_sequence():
+    x, y, il, tl = _case(B=3)
+    x[1, 0, 0, 2] = float("nan")
+    v, g = _run(x, y, il, tl, reduction="none")
+    assert torch.isnan(v[1]) and torch.isnan(g[1]).any()
+    ref_v, ref_g = _oracle(x[[0, 2]], y[[0, 2]], il[[0, 2]], tl[[0, 2]], reduction="none")
+    torch.testing.assert_close(v[[0, 2]], ref_v, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(g[[0, 2]], ref_g, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes(dtype):
+    x, y, il, tl = _case(B=3, T=5, U=3, V=6, seed=2, dtype=dtype)
+    ref_v, ref_g = _oracle(x, y, il, tl, reduction="sum", delay_penalty=0.1)
+    v, g = _run(x, y, il, tl, reduction="sum", delay_penalty=0.1)
+    assert v.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert g.dtype == dtype
+    torch.testing.assert_close(v.double(), ref_v, atol=1e-5, rtol=1e-5)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(g.double(), ref_g, atol=4 * eps * ref_g.abs().max().item(),
+                               rtol=0)
+
+
+def test_gradcheck_float64():
+    x, y, il, tl = _case(B=2, T=3, U=2, V=4, seed=3)
+    x.requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: hat_loss(x, y, il, tl, reduction="none", delay_penalty=0.3), (x,))
+
+
+class _Joint(torch.nn.Module):
+    def __init__(self, H=5, V=6):
+        super().__init__()
+        torch.manual_seed(4)
+        self.enc = torch.nn.Linear(H, 8, dtype=torch.float64)
+        self.pred = torch.nn.Linear(H, 8, dtype=torch.float64)
+        self.out = torch.nn.Linear(8, V, dtype=torch.float64)
+
+    def forward(self, e, p):
+        return self.out(torch.tanh(self.enc(e)[:, :, None] + self.pred(p)[:, None]))
+
+
+@pytest.mark.parametrize("opts", [{}, {"clamp": 0.01, "fastemit_lambda": 0.2,
+                                       "delay_penalty": 0.3, "reduction": "mean_volume"}],
+                         ids=["plain", "options"])
+def test_from_joint_matches_hat_loss(opts):
+    B, T, U, H, V = 3, 5, 3, 5, 6
+    torch.manual_seed(5)
+    enc = torch.randn(B, T, H, dtype=torch.float64)
+    pred = torch.randn(B, U + 1, H, dtype=torch.float64)
+    _, y, il, tl = _case(B, T, U, V)
+    enc[1, int(il[1]):] = float("nan")  # padding never reaches the joint
+    joint = _Joint(H, V)
+    params = list(joint.parameters())
+    e1, p1 = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+    loss = hat_loss_from_joint(e1, p1, joint, y, il, tl, chunk_elements=25, **opts)
+    g1 = torch.autograd.grad(loss, [e1, p1, *params])
+    e2, p2 = enc.clone().requires_grad_(), pred.clone().requires_grad_()
+    tt = torch.arange(T)[None, :, None] < il[:, None, None]
+    ref = hat_loss(joint(torch.where(tt, e2, 0.0), p2), y, il, tl, **opts)
+    g2 = torch.autograd.grad(ref, [e2, p2, *params])
+    torch.testing.assert_close(loss, ref, atol=1e-12, rtol=1e-12)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_module_and_bad_inputs():
+    x, y, il, tl = _case()
+    m = HATLoss(reduction="sum", delay_penalty=0.1)
+    assert "delay_penalty=0.1" in repr(m)
+    torch.testing.assert_close(m(x, y, il, tl),
+                               hat_loss(x, y, il, tl, reduction="sum", delay_penalty=0.1))
+    y_bad = y.clone()
+    y_bad[1, 0] = 9
+    with pytest.raises(InputError, match=r"targets.*\b1\b"):
+        hat_loss(x, y_bad, il, tl)
+    with pytest.raises(InputError, match="target_lengths"):
+        hat_loss(x, y, il, tl + 5)
+    with pytest.raises(InputError, match="reduction"):
+        hat_loss(x, y, il, tl, reduction="avg")
+    with pytest.raises(InputError, match="fastemit_lambda"):
+        hat_loss(x, y, il, tl, fastemit_lambda=-1.0)
+    with pytest.raises(TypeError, match="logits"):
+        hat_loss(x.long(), y, il, tl)
+    with pytest.raises(InputError, match="blank"):
+        hat_loss(x, y, il, tl, blank=7)
