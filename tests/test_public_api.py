@@ -15,6 +15,9 @@ PUBLIC = {
     "rnnt_loss_simple", "rnnt_loss_smoothed", "rnnt_loss_pruned", "get_rnnt_prune_ranges",
     "do_rnnt_pruning",
     "rnnt_loss_from_joint", "multiblank_rnnt_loss_from_joint", "tdt_loss_from_joint",
+    "HATLoss", "hat_loss", "hat_loss_from_joint",
+    "transducer_arc_logprobs", "transducer_arc_logprobs_from_joint",
+    "distributed_mean",
 }
 
 
@@ -35,6 +38,11 @@ def test_argument_order_of_the_drop_ins():
     assert params(seqloss.rnnt_loss)[:8] == [
         "logits", "targets", "logit_lengths", "target_lengths", "blank", "clamp", "reduction",
         "fused_log_softmax"]
+    assert params(seqloss.hat_loss)[:7] == [
+        "logits", "targets", "logit_lengths", "target_lengths", "blank", "clamp", "reduction"]
+    assert params(seqloss.transducer_arc_logprobs)[:5] == [
+        "logits", "targets", "logit_lengths", "target_lengths", "blank"]
+    assert params(seqloss.distributed_mean) == ["losses", "weights", "group"]
     assert params(seqloss.transducer_lattice)[:6] == [
         "arc_blank", "arc_emit", "logit_lengths", "target_lengths", "blank_durations",
         "emit_durations"]

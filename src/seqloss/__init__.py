@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._core.distributed import distributed_mean
 from ._core.errors import InputError
 from ._core.grad_clamp import grad_clamp
 from .align import ctc_align, multiblank_rnnt_align, rnnt_align, tdt_align
@@ -18,6 +19,7 @@ from .transducer import (
     tdt_loss,
     transducer_lattice,
 )
+from .transducer.arc_logprobs import transducer_arc_logprobs, transducer_arc_logprobs_from_joint
 from .transducer.factored import (
     do_rnnt_pruning,
     get_rnnt_prune_ranges,
@@ -30,11 +32,13 @@ from .transducer.from_joint import (
     rnnt_loss_from_joint,
     tdt_loss_from_joint,
 )
+from .transducer.hat import HATLoss, hat_loss, hat_loss_from_joint
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CTCLoss",
+    "HATLoss",
     "InputError",
     "MultiBlankRNNTLoss",
     "RNNTLoss",
@@ -42,9 +46,12 @@ __all__ = [
     "ctc_align",
     "ctc_loss",
     "diagnose",
+    "distributed_mean",
     "do_rnnt_pruning",
     "get_rnnt_prune_ranges",
     "grad_clamp",
+    "hat_loss",
+    "hat_loss_from_joint",
     "logmmexp",
     "multiblank_rnnt_align",
     "multiblank_rnnt_loss",
@@ -59,5 +66,7 @@ __all__ = [
     "tdt_align",
     "tdt_loss",
     "tdt_loss_from_joint",
+    "transducer_arc_logprobs",
+    "transducer_arc_logprobs_from_joint",
     "transducer_lattice",
 ]
