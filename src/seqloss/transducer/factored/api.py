@@ -255,6 +255,7 @@ def rnnt_loss_pruned(
     delay_penalty: float = 0.0,
     reduction: str = "mean",
     *,
+    use_hat_loss: bool = False,
     zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
@@ -271,6 +272,12 @@ def rnnt_loss_pruned(
         logits: ``(B, T, s_range, C)`` unnormalized joiner output (log-softmax'd here).
         symbols: ``(B, S)`` int64 symbols.
         ranges: ``(B, T, s_range)`` int64 window positions, ``0 <= r <= S + 1 - s_range``.
+        use_hat_loss: k2's HAT loss (hybrid autoregressive transducer): with
+            ``z_b = logits[..., termination_symbol]``, the termination symbol's
+            log-probability is ``logsigmoid(z_b)`` and symbol ``y``'s
+            ``logsigmoid(-z_b) + log_softmax(z without z_b)[y]``, a softmax over every
+            class but the termination symbol (no ``log1p(-exp)`` cancellation). A row
+            whose labels are all ``-inf`` emits no label; ``+inf`` gives NaN.
         termination_symbol, boundary, rnnt_type, delay_penalty, reduction, zero_infinity,
         backend, validate: as ``rnnt_loss_simple`` (``validate`` also checks ``ranges``).
             ``s_range`` must be ``>= 2`` for the regular and constrained topologies
@@ -279,6 +286,7 @@ def rnnt_loss_pruned(
             ``get_rnnt_prune_ranges`` widens a regular ``s_range`` too small for a
             sequence as fast_rnnt does, so its ranges always reach it.
     """
+    use_hat_loss = _validate.flag(use_hat_loss, "use_hat_loss")
     zero_infinity = _validate.flag(zero_infinity, "zero_infinity")
     validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(logits, "logits")
@@ -309,7 +317,7 @@ def rnnt_loss_pruned(
     name = resolve_backend(backend, logits.device)
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, validate)
     logits = logits.to(arcs.compute_dtype(logits.dtype))
-    emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt)
+    emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt, use_hat_loss)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, validate,
                    zero_infinity)
 

@@ -31,6 +31,7 @@ when the two maxima sit on different classes).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..._core import checks
@@ -236,17 +237,100 @@ class _WindowLogProbs(torch.autograd.Function):
         return grad, None, None
 
 
-def pruned_arcs(logits: Tensor, ranges: Tensor, sym_ext: Tensor, term: int, rnnt_type: str
-                ) -> tuple[Tensor, Tensor]:
+def _label_lse(logits: Tensor, term: int) -> Tensor:
+    """``log sum_{c != term} exp(logits[..., c])``; ``-inf`` when no label is left (C = 1)."""
+    lo = torch.logsumexp(logits[..., :term], dim=-1)  # an empty slice gives -inf
+    hi = torch.logsumexp(logits[..., term + 1:], dim=-1)
+    return torch.logaddexp(lo, hi)
+
+
+def hat_log_probs(logits: Tensor, term: int) -> Tensor:
+    """Every class's HAT log-probability, ``(..., C)`` (for reports; the loss reads two)."""
+    zb = logits[..., term]
+    lp = logits - _label_lse(logits, term)[..., None] + F.logsigmoid(-zb)[..., None]
+    lp[..., term] = F.logsigmoid(zb)
+    return lp
+
+
+class _HatWindowLogProbs(torch.autograd.Function):
+    r"""The HAT arcs of a pruned joint (k2's ``use_hat_loss``), ``(px, py)``, ``(B, T, R)``.
+
+    ``py = logsigmoid(z_b)`` and ``px = z_y - log sum_{c != b} exp(z_c) + logsigmoid(-z_b)``
+    with ``z_b = logits[..., term]``: the blank is a Bernoulli, the labels a softmax over
+    every class but the blank, scaled by ``1 - sigmoid(z_b)``. ``logsigmoid(-z_b)`` is
+    ``log(1 - sigmoid(z_b))`` without cancellation (``log1p(-exp(logsigmoid(z_b)))`` is
+    ``-inf`` from ``z_b`` = 38 in float64, 17.5 in float32, and inexact well before). A
+    row whose labels are all ``-inf`` has ``px = -inf`` (no label can be emitted; its
+    blank stays valid), and so does a window position whose symbol is the termination
+    symbol (only padding and the final row, never read). A row holding ``+inf`` gives NaN
+    arcs (the API's rule for ``+inf`` input), NaN gives NaN. The backward, in one
+    logits-sized buffer::
+
+        d/dz_c = -g_x softmax_labels(z)_c + g_x [c = y]   (c != b)
+        d/dz_b = g_y sigmoid(-z_b) - g_x sigmoid(z_b)
+
+    and exactly 0 on a row whose two incoming gradients are 0 (whatever it holds).
+    """
+
+    @staticmethod
+    def forward(logits, sym, term):
+        zb = logits[..., term]
+        lse = _label_lse(logits, term)  # (B, T, R)
+        px = logits.gather(3, sym)[..., 0] - lse + F.logsigmoid(-zb)
+        px = torch.where((sym[..., 0] == term) | (lse == NEG_INF), NEG_INF, px)
+        py = F.logsigmoid(zb)
+        pinf = (lse == float("inf")) | (zb == float("inf"))
+        nan = torch.full((), float("nan"), dtype=px.dtype, device=px.device)
+        return torch.where(pinf, nan, px), torch.where(pinf, nan, py), lse
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        logits, sym, term = inputs
+        lse = output[2]
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(logits, sym, lse)
+        ctx.term = term
+        # As _WindowLogProbs: only a row with a non-finite label normalizer or blank logit
+        # can turn zero incoming gradients into NaN; mask always when no value can be read.
+        if lse.numel() and checks.host_side(lse) and not _is_traced(lse):
+            zb = logits[..., term]
+            ctx.nonfinite_rows = not bool((torch.isfinite(lse) & torch.isfinite(zb)).all())
+        else:
+            ctx.nonfinite_rows = bool(lse.numel())
+
+    @staticmethod
+    def backward(ctx, gx, gy, _glse):
+        logits, sym, lse = ctx.saved_tensors
+        term = ctx.term
+        gx = torch.zeros_like(lse) if gx is None else gx
+        gy = torch.zeros_like(lse) if gy is None else gy
+        no_label = lse == NEG_INF
+        # px is a constant -inf there: no gradient flows through it.
+        gx = torch.where((sym[..., 0] == term) | no_label, 0.0, gx)
+        # softmax over the labels; a row with none has softmax 0 (not exp(-inf + inf)).
+        shift = torch.where(no_label, float("inf"), lse)
+        grad = torch.sub(logits, shift[..., None]).exp_().mul_(-gx[..., None])
+        grad.scatter_add_(3, sym, gx[..., None])
+        zb = logits[..., term]
+        grad[..., term] = gy * torch.sigmoid(-zb) - gx * torch.sigmoid(zb)
+        if ctx.nonfinite_rows:
+            bad = ~(torch.isfinite(lse) | no_label) | ~torch.isfinite(zb)
+            grad.masked_fill_(((gx == 0) & (gy == 0) & bad)[..., None], 0.0)
+        return grad, None, None
+
+
+def pruned_arcs(logits: Tensor, ranges: Tensor, sym_ext: Tensor, term: int, rnnt_type: str,
+                hat: bool = False) -> tuple[Tensor, Tensor]:
     """The pruned joint's window scattered into ``(B, T, S+1)`` arcs, ``-inf`` outside it.
 
     ``logits[b, t, k]`` is the joint at symbol position ``ranges[b, t, k]``
-    (consecutive from ``ranges[b, t, 0]``).
+    (consecutive from ``ranges[b, t, 0]``); ``hat``: the HAT normalization
+    (``_HatWindowLogProbs``) instead of the log-softmax.
     """
     B, T, R, _ = logits.shape
     S1 = sym_ext.shape[1]
     win_sym = sym_ext.gather(1, ranges.reshape(B, T * R)).reshape(B, T, R, 1)
-    px, py, _ = _WindowLogProbs.apply(logits, win_sym, term)
+    px, py, _ = (_HatWindowLogProbs if hat else _WindowLogProbs).apply(logits, win_sym, term)
     full = logits.new_full((B, T, S1), NEG_INF)
     emit = full.scatter(2, ranges, px)
     blank = full.scatter(2, ranges, py)

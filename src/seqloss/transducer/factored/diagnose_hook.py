@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..._core import checks as _checks
+from .arcs import hat_log_probs
 
 # the module (``seqloss.diagnose`` the attribute is the function)
 _d = importlib.import_module("seqloss.diagnose")
@@ -17,11 +18,14 @@ _d = importlib.import_module("seqloss.diagnose")
 def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):
     """One entry per sequence: frames and symbols the boundary gives, the window's
     non-finite logits (frames ``begin_frame <= t < end_frame``), the pruned loss, and
-    whether the windows hold the start and final states (else no path survives)."""
+    whether the windows hold the start and final states (else no path survives). The
+    smallest log-probability is the HAT one with ``use_hat_loss``."""
     B, T, R, _ = x.shape
     S = a["symbols"].shape[1]
     rt = a.get("rnnt_type", "regular")
     zero_inf = _checks.flag(a.get("zero_infinity", False), "zero_infinity")
+    hat = _checks.flag(a.get("use_hat_loss", False), "use_hat_loss")
+    term = int(a["termination_symbol"])
     bnd = a.get("boundary")
     bnd = (torch.tensor([[0, 0, S, T]] * B) if bnd is None else bnd.detach().cpu()).tolist()
     r0 = a["ranges"][:, :, 0].detach().cpu()
@@ -40,7 +44,8 @@ def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):
         lb = float(loss[b])
         g = grad[b]
         gmax = float(g.abs().float().amax()) if g.numel() else 0.0
-        lp = torch.log_softmax(xb.double(), dim=-1)
+        lp = (hat_log_probs(xb.double(), term) if hat
+              else torch.log_softmax(xb.double(), dim=-1))
         finite = lp[torch.isfinite(lp)]
         mn = float(finite.min()) if finite.numel() else None
         status, verdict = _d._verdict(Tb >= needed, needed, Tb, Ub, None, lb, nf, None, 0.0,
@@ -59,6 +64,8 @@ def diagnose_pruned(a: dict, x: Tensor, loss: Tensor, grad: Tensor):
             max_norm_error=None, status=status, verdict=verdict,
         ))
     extra = {"rnnt_type": rt, "s_range": R}
+    if hat:
+        extra["use_hat_loss"] = True
     dp = a.get("delay_penalty", 0.0)
     if dp:
         extra["delay_penalty"] = float(dp)
