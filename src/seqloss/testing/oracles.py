@@ -124,6 +124,8 @@ def brute_force_lattice(
     blank_durations: tuple[int, ...],
     emit_durations: tuple[int, ...],
     emit_can_end: bool = False,
+    *,
+    delay_penalty: float = 0.0,
 ) -> torch.Tensor:
     """``log sum_paths exp(sum of arc scores)`` of one sequence, by listing every path.
 
@@ -132,7 +134,8 @@ def brute_force_lattice(
     ``(t + blank_durations[i], u)`` when that is ``<= T``, emission arc ``j`` to
     ``(t + emit_durations[j], u + 1)`` when ``u < U`` and the frame is ``< T``
     (``<= T`` with ``emit_can_end``). Paths are listed by depth-first search (no
-    recursion formula is shared with the kernels).
+    recursion formula is shared with the kernels). ``delay_penalty`` (k2's) adds
+    ``delay_penalty * ((T - 1) / 2 - t)`` to every emission arc leaving frame ``t``.
 
     Args:
         arc_blank: ``(T', U' + 1, Db)`` float64 (may require grad), ``T' >= T``, ``U' >= U``.
@@ -156,7 +159,10 @@ def brute_force_lattice(
         if u < U:
             for j, d in enumerate(emit_durations):
                 if t + d < T or (emit_can_end and t + d <= T):
-                    walk(t + d, u + 1, [*acc, arc_emit[t, u, j]])
+                    arc = arc_emit[t, u, j]
+                    if delay_penalty:
+                        arc = arc + delay_penalty * ((T - 1) / 2 - t)
+                    walk(t + d, u + 1, [*acc, arc])
 
     walk(0, 0, [])
     if not scores:

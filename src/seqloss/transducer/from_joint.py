@@ -40,7 +40,7 @@ from .._core.errors import InputError, InputTypeError
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
-from .joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
+from .joint.table import JointTable, delay_terms, multiblank_table, rnnt_table, tdt_table
 
 DEFAULT_CHUNK_ELEMENTS = 2**20
 """The default ``chunk_elements`` on CPU: 1 Mi logits (4 MiB per float32 tile; the
@@ -355,7 +355,11 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
 
         ab = torch.stack([with_dur(lb[..., plan.blank_tokens.index(a.token)] - sig,
                                    a.duration_logit) for a in tb.blank_arcs], -1)
-        ae = torch.stack([with_dur(ly - sig, a.duration_logit) for a in tb.emit_arcs], -1)
+        ly_b = ly - sig
+        if tb.delay_penalty:
+            ly_b = ly_b + delay_terms(tb.delay_penalty, plan.il, T)[..., None]
+        ae = torch.stack([with_dur(ly_b, a.duration_logit) for a in tb.emit_arcs], -1)
+        del ly_b
         ll, ob, oe = kern.transducer_lattice(ab, ae, plan.il, plan.tl, tb.blank_durations,
                                              tb.emit_durations, True, tb.emit_can_end)
         del ab, ae
@@ -698,6 +702,7 @@ def rnnt_loss_from_joint(
     reduction: TransducerReduction = "mean",
     *,
     fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
     zero_infinity: bool = False,
     chunk_elements: int | None = None,
     backend: str = "auto",
@@ -713,9 +718,10 @@ def rnnt_loss_from_joint(
                                           packed=False)
     reduction, clamp = _common(reduction, clamp, "mean_batch")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, encoder_out.device)
     V = probe.shape[-1]
-    table = rnnt_table(V, blank, clamp, fastemit_lambda)
+    table = rnnt_table(V, blank, clamp, fastemit_lambda, delay_penalty=delay_penalty)
     return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
                 tl, [_Branch(table, 1.0)], V, 0, reduction, zero_infinity, name, validate)
 
@@ -734,6 +740,7 @@ def multiblank_rnnt_loss_from_joint(
     reduction: TransducerReduction = "mean",
     fastemit_lambda: float = 0.0,
     *,
+    delay_penalty: float = 0.0,
     zero_infinity: bool = False,
     chunk_elements: int | None = None,
     backend: str = "auto",
@@ -760,9 +767,11 @@ def multiblank_rnnt_loss_from_joint(
     reduction, clamp = _common(reduction, clamp, "mean_target")
     sigma = checks.check_float_arg(sigma, "sigma")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, encoder_out.device)
     V = probe.shape[-1]
-    table = multiblank_table(V, blank, durs, sigma, clamp, fastemit_lambda)
+    table = multiblank_table(V, blank, durs, sigma, clamp, fastemit_lambda,
+                             delay_penalty=delay_penalty)
     return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
                 tl, [_Branch(table, 1.0)], V, 0, reduction, zero_infinity, name, validate)
 
@@ -829,6 +838,7 @@ def tdt_loss_from_joint(
     clamp: float = -1,
     reduction: TransducerReduction = "mean",
     *,
+    delay_penalty: float = 0.0,
     zero_infinity: bool = False,
     chunk_elements: int | None = None,
     backend: str = "auto",
@@ -860,12 +870,14 @@ def tdt_loss_from_joint(
     if omega > 1.0:
         raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
                          f"the RNN-T loss in the mixture)")
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, encoder_out.device)
     branches = []
     if omega < 1.0:
-        branches.append(_Branch(tdt_table(V, blank, durs, sigma, clamp), 1.0 - omega))
+        branches.append(_Branch(tdt_table(V, blank, durs, sigma, clamp,
+                                          delay_penalty=delay_penalty), 1.0 - omega))
     if omega > 0.0:
-        branches.append(_Branch(rnnt_table(V, blank, clamp), omega))
+        branches.append(_Branch(rnnt_table(V, blank, clamp, delay_penalty=delay_penalty), omega))
     return _run(encoder_out, predictor_out, joint, probe, chunk, is_module, params, fake, tg, il,
                 tl, branches, V, D, reduction, zero_infinity, name, validate)
 
@@ -918,15 +930,15 @@ rnnt_loss_from_joint.__doc__ = r"""RNN-T loss from the joint network, never mate
 
     Equals :func:`seqloss.rnnt_loss` on the materialized joint (``blank``, ``clamp``,
     ``reduction`` with ``"mean"`` torchaudio's ``"mean_batch"``, ``fastemit_lambda``,
-    ``zero_infinity`` as there) with the gradients w.r.t. ``encoder_out``,
+    ``delay_penalty``, ``zero_infinity`` as there) with the gradients w.r.t. ``encoder_out``,
     ``predictor_out`` and the joint's parameters.""" + _DOC
 
 multiblank_rnnt_loss_from_joint.__doc__ = r"""Multi-blank RNN-T loss from the joint network.
 
     Equals :func:`seqloss.multiblank_rnnt_loss` on the materialized joint
     (``big_blank_durations``, ``blank``, ``sigma``, ``clamp``, ``reduction`` with
-    ``"mean"`` NeMo's ``"mean_target"``, ``fastemit_lambda``, ``zero_infinity`` as
-    there).""" + _DOC
+    ``"mean"`` NeMo's ``"mean_target"``, ``fastemit_lambda``, ``delay_penalty``,
+    ``zero_infinity`` as there).""" + _DOC
 
 tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materialized.
 
@@ -937,7 +949,7 @@ tdt_loss_from_joint.__doc__ = r"""TDT loss from the joint network, never materia
     :func:`seqloss.tdt_loss` on the
     materialized joint (``durations``, ``blank``, ``sigma``, ``omega``, ``clamp``,
     ``reduction`` with ``"mean"`` NeMo's and transformers' ``"mean_target"``,
-    ``zero_infinity`` as there).""" + _DOC
+    ``delay_penalty``, ``zero_infinity`` as there).""" + _DOC
 
 _EAGER = ("seqloss's losses from the joint network run eagerly: the joint is re-run inside "
           "their backward pass, which torch.compile cannot trace (compile without "

@@ -43,6 +43,7 @@ def multiblank_rnnt_loss(
     reduction: TransducerReduction = "mean",
     fastemit_lambda: float = 0.0,
     *,
+    delay_penalty: float = 0.0,
     zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
@@ -56,8 +57,10 @@ def multiblank_rnnt_loss(
     clamp = checks.check_float_arg(clamp, "clamp")
     sigma = checks.check_float_arg(sigma, "sigma")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, logits.device)
-    table = multiblank_table(logits.shape[-1], blank, durs, sigma, clamp, fastemit_lambda)
+    table = multiblank_table(logits.shape[-1], blank, durs, sigma, clamp, fastemit_lambda,
+                             delay_penalty=delay_penalty)
     ints, floats = table.encode()
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, None, logits, tg, il, tl, ints,
@@ -95,6 +98,9 @@ multiblank_rnnt_loss.__doc__ = r"""Multi-blank RNN-T loss (Xu et al., 2022), NeM
             is 0); ``"mean"`` is NeMo's, ``"mean_target"``.
         fastemit_lambda: FastEmit ``λ >= 0``: the gradient through every label emission
             is scaled by ``1 + λ``, and the loss by ``1 + λ`` (NeMo's definition).
+        delay_penalty: k2's delay penalty: every label emission leaving frame ``t`` of
+            sequence ``b`` gains ``delay_penalty * ((T_b - 1) / 2 - t)`` in log space
+            (``> 0`` favours early emissions; any value, exact in value and gradient).
         zero_infinity: a ``+inf`` loss (no frame, every path through a ``-inf``
             log-probability, or a path score past the float range) gives 0 and a zero
             gradient for that sequence.
@@ -117,8 +123,8 @@ class MultiBlankRNNTLoss(LossModule):
     """Module wrapper of :func:`multiblank_rnnt_loss`; constructor takes its keyword arguments."""
 
     _defaults = {"big_blank_durations": None, "blank": -1, "sigma": 0.0, "clamp": -1,
-                 "reduction": "mean", "fastemit_lambda": 0.0, "zero_infinity": False,
-                 "backend": "auto", "validate": True}
+                 "reduction": "mean", "fastemit_lambda": 0.0, "delay_penalty": 0.0,
+                 "zero_infinity": False, "backend": "auto", "validate": True}
 
     def __init__(
         self,
@@ -129,18 +135,21 @@ class MultiBlankRNNTLoss(LossModule):
         reduction: TransducerReduction = "mean",
         fastemit_lambda: float = 0.0,
         *,
+        delay_penalty: float = 0.0,
         zero_infinity: bool = False,
         backend: str = "auto",
         validate: bool = True,
     ) -> None:
         super().__init__(big_blank_durations=big_blank_durations, blank=blank, sigma=sigma,
                          clamp=clamp, reduction=reduction, fastemit_lambda=fastemit_lambda,
-                         zero_infinity=zero_infinity, backend=backend, validate=validate)
+                         delay_penalty=delay_penalty, zero_infinity=zero_infinity,
+                         backend=backend, validate=validate)
 
     def forward(self, logits: Tensor, targets: Tensor, logit_lengths: IntsLike,
                 target_lengths: IntsLike) -> Tensor:
         return multiblank_rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.big_blank_durations,
             self.blank, self.sigma, self.clamp, self.reduction, self.fastemit_lambda,
-            zero_infinity=self.zero_infinity, backend=self.backend, validate=self.validate,
+            delay_penalty=self.delay_penalty, zero_infinity=self.zero_infinity,
+            backend=self.backend, validate=self.validate,
         )

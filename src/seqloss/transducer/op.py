@@ -183,6 +183,7 @@ def rnnt_loss_inplace(
     clamp: float,
     fused_log_softmax: bool,
     fastemit_lambda: float,
+    delay_penalty: float,
     reduction: str,
     zero_infinity: bool,
     backend: str,
@@ -197,8 +198,8 @@ def rnnt_loss_inplace(
     its output, so the usual joiner is fine).
     """
     return _RNNTInplace.apply(logits, targets, logit_lengths, target_lengths, blank, clamp,
-                              fused_log_softmax, fastemit_lambda, reduction, zero_infinity,
-                              backend, validate)
+                              fused_log_softmax, fastemit_lambda, delay_penalty, reduction,
+                              zero_infinity, backend, validate)
 
 
 # A mutation of the caller's logits cannot be traced: under torch.compile this is a
@@ -211,11 +212,13 @@ rnnt_loss_inplace = eager_only(
 class _RNNTInplace(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, targets, logit_lengths, target_lengths, blank, clamp,
-                fused_log_softmax, fastemit_lambda, reduction, zero_infinity, backend, validate):
+                fused_log_softmax, fastemit_lambda, delay_penalty, reduction, zero_infinity,
+                backend, validate):
         compute_grad = logits.requires_grad
         loss, grad = joint_loss_impl(
             logits, targets, logit_lengths, target_lengths,
-            rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda), fused_log_softmax,
+            rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda,
+                       delay_penalty=delay_penalty), fused_log_softmax,
             reduction, zero_infinity, backend, compute_grad, validate,
             grad_buffer=logits if compute_grad else None,
         )
@@ -239,4 +242,4 @@ class _RNNTInplace(torch.autograd.Function):
             g = g.reshape(shape)
             grad.mul_(g.float() if grad.dtype in (torch.float16, torch.bfloat16)
                       else g.to(grad.dtype))
-        return (grad, *(None,) * 11)
+        return (grad, *(None,) * 12)

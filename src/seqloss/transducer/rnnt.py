@@ -11,7 +11,15 @@ from .._core.module import LossModule
 from .._core.ops import call_loss_op
 from .._core.types import IntsLike, TransducerReduction
 from .checks import transducer_inputs
-from .op import _batch_scale, rnnt_loss_impl, rnnt_loss_inplace, rnnt_loss_op
+from .joint.table import rnnt_table
+from .op import (
+    _batch_scale,
+    rnnt_loss_impl,
+    rnnt_loss_inplace,
+    rnnt_loss_op,
+    table_loss_impl,
+    table_loss_op,
+)
 
 _DOC_COMMON = r"""
     The loss of sequence ``b`` is ``-log p(y | x)`` summed over every monotonic path
@@ -61,7 +69,8 @@ _DOC_COMMON = r"""
 def _loss(
     logits: Tensor, targets: object, logit_lengths: object, target_lengths: object,
     blank: int, clamp: float, reduction: str, fused_log_softmax: bool, fastemit_lambda: float,
-    backend: str, validate: bool, zero_infinity: bool, inplace_grad: bool, packed: bool,
+    delay_penalty: float, backend: str, validate: bool, zero_infinity: bool, inplace_grad: bool,
+    packed: bool,
 ) -> Tensor:
     tg, il, tl, blank = transducer_inputs(
         logits, targets, logit_lengths, target_lengths, blank, packed=packed
@@ -73,10 +82,11 @@ def _loss(
     reduction = checks.check_reduction(reduction, "mean_batch")
     clamp = checks.check_float_arg(clamp, "clamp")
     fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, logits.device)
     if inplace_grad:
         loss = rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
-                                      reduction, zero_infinity, name, validate)
+                                 delay_penalty, reduction, zero_infinity, name, validate)
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
         per_batch = None
@@ -84,9 +94,18 @@ def _loss(
             def per_batch(g: Tensor) -> Tensor:
                 return _batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])
 
-        loss, _ = call_loss_op(rnnt_loss_op, rnnt_loss_impl, 0, per_batch, logits,
-                                    tg, il, tl, blank, clamp, fused, fastemit_lambda, reduction,
-                                    zero_infinity, name, compute_grad, validate)
+        if delay_penalty:
+            # The table op (its floats carry the penalty): the RNN-T op's schema, which
+            # callers may use directly, stays as it was.
+            ints, floats = rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda,
+                                      delay_penalty=delay_penalty).encode()
+            loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, per_batch, logits, tg, il,
+                                   tl, ints, floats, fused, reduction, zero_infinity, name,
+                                   compute_grad, validate)
+        else:
+            loss, _ = call_loss_op(rnnt_loss_op, rnnt_loss_impl, 0, per_batch, logits, tg, il,
+                                   tl, blank, clamp, fused, fastemit_lambda, reduction,
+                                   zero_infinity, name, compute_grad, validate)
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss
@@ -103,14 +122,15 @@ def rnnt_loss(
     fused_log_softmax: bool = True,
     *,
     fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
     backend: str = "auto",
     validate: bool = True,
     zero_infinity: bool = False,
     inplace_grad: bool = False,
 ) -> Tensor:
     return _loss(logits, targets, logit_lengths, target_lengths, blank, clamp, reduction,
-                 fused_log_softmax, fastemit_lambda, backend, validate, zero_infinity,
-                 inplace_grad, packed=False)
+                 fused_log_softmax, fastemit_lambda, delay_penalty, backend, validate,
+                 zero_infinity, inplace_grad, packed=False)
 
 
 rnnt_loss.__doc__ = r"""RNN-T loss, a drop-in for :func:`torchaudio.functional.rnnt_loss`.
@@ -133,6 +153,9 @@ rnnt_loss.__doc__ = r"""RNN-T loss, a drop-in for :func:`torchaudio.functional.r
             batch gives 0 for every reduction but ``"none"``.
         fused_log_softmax: ``True``: raw logits, log-softmax taken inside.
         fastemit_lambda: FastEmit regularization ``λ >= 0`` (see below).
+        delay_penalty: k2's delay penalty: every emission leaving frame ``t`` of
+            sequence ``b`` gains ``delay_penalty * ((T_b - 1) / 2 - t)`` in log space
+            (``> 0`` favours early emissions; any value, exact in value and gradient).
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
             (default from ``SEQLOSS_BACKEND``).
         validate: check lengths and ids (a device-to-host sync on CUDA).
@@ -156,14 +179,15 @@ def rnnt_loss_packed(
     fused_log_softmax: bool = True,
     *,
     fastemit_lambda: float = 0.0,
+    delay_penalty: float = 0.0,
     backend: str = "auto",
     validate: bool = True,
     zero_infinity: bool = False,
     inplace_grad: bool = False,
 ) -> Tensor:
     return _loss(logits, targets, logit_lengths, target_lengths, blank, clamp, reduction,
-                 fused_log_softmax, fastemit_lambda, backend, validate, zero_infinity,
-                 inplace_grad, packed=True)
+                 fused_log_softmax, fastemit_lambda, delay_penalty, backend, validate,
+                 zero_infinity, inplace_grad, packed=True)
 
 
 rnnt_loss_packed.__doc__ = r"""Packed RNN-T loss: no padding, same results as :func:`rnnt_loss`.
@@ -173,7 +197,7 @@ rnnt_loss_packed.__doc__ = r"""Packed RNN-T loss: no padding, same results as :f
             row-major order, sequences in batch order (optimized_transducer's layout).
         targets: padded ``(B, S)`` or concatenated 1-D ``(sum_b U_b,)`` int32/int64.
         logit_lengths, target_lengths, blank, clamp, reduction, fused_log_softmax,
-        fastemit_lambda, backend, validate, zero_infinity, inplace_grad: as in
+        fastemit_lambda, delay_penalty, backend, validate, zero_infinity, inplace_grad: as in
             :func:`rnnt_loss` (``"mean"`` is torchaudio's ``"mean_batch"`` there too).
 
     Returns:
@@ -185,8 +209,8 @@ class RNNTLoss(LossModule):
     """Module wrapper of :func:`rnnt_loss`; the constructor takes its keyword arguments."""
 
     _defaults = {"blank": -1, "clamp": -1, "reduction": "mean", "fused_log_softmax": True,
-                 "fastemit_lambda": 0.0, "backend": "auto", "validate": True,
-                 "zero_infinity": False, "inplace_grad": False}
+                 "fastemit_lambda": 0.0, "delay_penalty": 0.0, "backend": "auto",
+                 "validate": True, "zero_infinity": False, "inplace_grad": False}
 
     def __init__(
         self,
@@ -196,6 +220,7 @@ class RNNTLoss(LossModule):
         fused_log_softmax: bool = True,
         *,
         fastemit_lambda: float = 0.0,
+        delay_penalty: float = 0.0,
         backend: str = "auto",
         validate: bool = True,
         zero_infinity: bool = False,
@@ -203,14 +228,14 @@ class RNNTLoss(LossModule):
     ) -> None:
         super().__init__(blank=blank, clamp=clamp, reduction=reduction,
                          fused_log_softmax=fused_log_softmax, fastemit_lambda=fastemit_lambda,
-                         backend=backend, validate=validate, zero_infinity=zero_infinity,
-                         inplace_grad=inplace_grad)
+                         delay_penalty=delay_penalty, backend=backend, validate=validate,
+                         zero_infinity=zero_infinity, inplace_grad=inplace_grad)
 
     def forward(self, logits: Tensor, targets: Tensor, logit_lengths: IntsLike,
                 target_lengths: IntsLike) -> Tensor:
         return rnnt_loss(
             logits, targets, logit_lengths, target_lengths, self.blank, self.clamp,
             self.reduction, self.fused_log_softmax, fastemit_lambda=self.fastemit_lambda,
-            backend=self.backend, validate=self.validate, zero_infinity=self.zero_infinity,
-            inplace_grad=self.inplace_grad,
+            delay_penalty=self.delay_penalty, backend=self.backend, validate=self.validate,
+            zero_infinity=self.zero_infinity, inplace_grad=self.inplace_grad,
         )

@@ -80,7 +80,8 @@ def _tdt_forward(
                                                 table, True, compute_grad, None,
                                                 (1.0 - omega) * ms)
     if omega > 0.0:
-        rt = rnnt_table(V, table.blank_tokens[0], table.clamp)
+        rt = rnnt_table(V, table.blank_tokens[0], table.clamp,
+                        delay_penalty=table.delay_penalty)
         buf = None
         if omega == 1.0 and compute_grad:
             # RNN-T alone: its gradient straight into the token block; the durations get 0.
@@ -330,6 +331,7 @@ def tdt_loss(
     clamp: float = -1,
     reduction: TransducerReduction = "mean",
     *,
+    delay_penalty: float = 0.0,
     zero_infinity: bool = False,
     backend: str = "auto",
     validate: bool = True,
@@ -349,8 +351,9 @@ def tdt_loss(
     if omega > 1.0:
         raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
                          f"the RNN-T loss in the mixture)")
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, tok.device)
-    table = tdt_table(V, blank, durs, sigma, clamp)
+    table = tdt_table(V, blank, durs, sigma, clamp, delay_penalty=delay_penalty)
     ints, floats = table.encode()
     rest = (tg, il, tl, ints, floats, omega, reduction, zero_infinity, name)
     if joint is not None:
@@ -393,6 +396,10 @@ tdt_loss.__doc__ = r"""Token-and-Duration Transducer loss (Xu et al., 2023), NeM
             mean); ``"mean_target"`` (the batch mean of ``loss_b / max(U_b, 1)``);
             ``"mean_volume"`` (``sum_b loss_b / sum_b U_b``; divisor 1 when every ``U_b``
             is 0); ``"mean"`` is NeMo's and transformers', ``"mean_target"``.
+        delay_penalty: k2's delay penalty: every label emission leaving frame ``t`` of
+            sequence ``b`` (whatever its duration; in both branches of the ``omega``
+            mixture) gains ``delay_penalty * ((T_b - 1) / 2 - t)`` in log space (``> 0``
+            favours early emissions; any value, exact in value and gradient).
         zero_infinity: a ``+inf`` loss (infeasible, or a path score past the float
             range) gives 0 and a zero gradient for that sequence.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``.
@@ -418,8 +425,8 @@ class TDTLoss(LossModule):
     """Module wrapper of :func:`tdt_loss`; the constructor takes its keyword arguments."""
 
     _defaults = {"durations": None, "blank": -1, "sigma": 0.0, "omega": 0.0, "clamp": -1,
-                 "reduction": "mean", "zero_infinity": False, "backend": "auto",
-                 "validate": True}
+                 "reduction": "mean", "delay_penalty": 0.0, "zero_infinity": False,
+                 "backend": "auto", "validate": True}
 
     def __init__(
         self,
@@ -430,17 +437,18 @@ class TDTLoss(LossModule):
         clamp: float = -1,
         reduction: TransducerReduction = "mean",
         *,
+        delay_penalty: float = 0.0,
         zero_infinity: bool = False,
         backend: str = "auto",
         validate: bool = True,
     ) -> None:
         super().__init__(durations=durations, blank=blank, sigma=sigma, omega=omega, clamp=clamp,
-                         reduction=reduction, zero_infinity=zero_infinity, backend=backend,
-                         validate=validate)
+                         reduction=reduction, delay_penalty=delay_penalty,
+                         zero_infinity=zero_infinity, backend=backend, validate=validate)
 
     def forward(self, logits: Tensor | tuple[Tensor, Tensor], targets: Tensor,
                 logit_lengths: IntsLike, target_lengths: IntsLike) -> Tensor:
         return tdt_loss(logits, targets, logit_lengths, target_lengths, self.durations, self.blank,
                         self.sigma, self.omega, self.clamp, self.reduction,
-                        zero_infinity=self.zero_infinity, backend=self.backend,
-                        validate=self.validate)
+                        delay_penalty=self.delay_penalty, zero_infinity=self.zero_infinity,
+                        backend=self.backend, validate=self.validate)

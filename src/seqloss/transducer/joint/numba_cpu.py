@@ -174,15 +174,18 @@ def _duration_job(xd, Tl, Ul, fused, sd, bad, job):
 
 
 @njit(cache=True, nogil=True)
-def _token_scores(xb, xe, m, s, fused, sigma, sb, se):
+def _token_scores(xb, xe, m, s, fused, sigma, dp, sb, se):
     """One sequence's blank-class and next-label log-probs minus ``sigma``.
 
     ``xb (T_b, U_b+1, nu)``, ``xe (T_b, U_b)`` the gathered logits; ``m``, ``s`` the rows'
     shift and ``sum exp(x - m)`` (a row with ``s = 0`` has no arc out of it). The
     log-prob is ``(x - m) - log(s)``, never ``x - (m + log(s))`` (logits of 1e4).
+    The next label's also gains the delay penalty ``dp ((T_b - 1) / 2 - t)``: every
+    emission arc leaving frame ``t`` scores it.
     """
     tb, u1, nu = xb.shape
     for t in range(tb):
+        pen = dp * ((tb - 1) * 0.5 - t)
         for u in range(u1):
             if fused:
                 sv = np.float64(s[t, u])
@@ -197,12 +200,12 @@ def _token_scores(xb, xe, m, s, fused, sigma, sb, se):
                 for k in range(nu):
                     sb[t, u, k] = ((np.float64(xb[t, u, k]) - mv) - ls) - sigma
                 if u < u1 - 1:
-                    se[t, u] = ((np.float64(xe[t, u]) - mv) - ls) - sigma
+                    se[t, u] = (((np.float64(xe[t, u]) - mv) - ls) - sigma) + pen
             else:
                 for k in range(nu):
                     sb[t, u, k] = np.float64(xb[t, u, k]) - sigma
                 if u < u1 - 1:
-                    se[t, u] = np.float64(xe[t, u]) - sigma
+                    se[t, u] = (np.float64(xe[t, u]) - sigma) + pen
 
 
 @njit(cache=True, nogil=True)
@@ -534,7 +537,8 @@ def _forward_table(
             skip[b] = 1
             continue
         _token_scores(xb.numpy(), xe.numpy(), m_b.numpy(), s_b.numpy(), fused_log_softmax,
-                      float(table.sigma), sb[b, :tb, : ub + 1].numpy(), se[b, :tb, :ub].numpy())
+                      float(table.sigma), float(table.delay_penalty), sb[b, :tb, : ub + 1].numpy(),
+                      se[b, :tb, :ub].numpy())
         del xb, xe, m_b
 
     # ---- the lattice and, per state, its gradient row (one job per sequence)
@@ -691,7 +695,7 @@ def _forward(
     half = dtype in (torch.float16, torch.bfloat16)
     packed = logits.dim() == 2
     V, D = table.num_tokens, table.num_durations
-    clamp, sigma = table.clamp, table.sigma
+    clamp, sigma, dp = table.clamp, table.sigma, table.delay_penalty
     Tl = logit_lengths.tolist()
     Ul = target_lengths.tolist()
     B = len(Tl)
@@ -800,6 +804,9 @@ def _forward(
         if sigma:
             xb = xb - sigma
             xe = xe - sigma
+        if dp:
+            # k2's delay penalty on every emission leaving frame t (float64: exact).
+            xe = xe + dp * ((tb - 1) * 0.5 - torch.arange(tb, dtype=lat))[:, None]
         for i, dl in enumerate(b_dl):
             xi = xb[..., tok_col[i]]
             arc_blank[b, :tb, : ub + 1, i] = xi if dl is None else xi + ld[..., dl]

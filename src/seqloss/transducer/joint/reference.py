@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..lattice.reference import transducer_lattice
-from .table import JointTable
+from .table import JointTable, delay_terms
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -124,6 +124,8 @@ def joint_loss_forward(
     idx = tg[:, None, :, None].expand(B, T, U, 1)
     lp_y = lp_t[:, :, :U].gather(3, idx)[..., 0] if U else x.new_zeros(B, T, 0)
     lp_y = torch.cat([lp_y, torch.full_like(lp_t[:, :, :1, 0], NEG_INF)], 2) - table.sigma
+    if table.delay_penalty:
+        lp_y = lp_y + delay_terms(table.delay_penalty, Tl, T)[..., None]
 
     def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
         return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]

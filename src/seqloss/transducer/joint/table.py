@@ -28,6 +28,14 @@ multi-blank and TDT kernels subtract it after every ``logp``), so a path pays
 would be a constant ``U sigma`` with no effect on the gradient. Its derivative with
 respect to the logits is zero: it acts through the occupations only.
 
+``delay_penalty`` (k2's latency penalty) adds ``delay_penalty * ((T_b - 1) / 2 - t)``
+to every emission arc leaving frame ``t`` of sequence ``b`` (every duration's, for
+TDT): a per-frame constant on the emission scores, formed in the lattice's float64
+in each backend's prologue, so like ``sigma`` it reaches the gradient through the
+occupations only (the epilogue is unchanged). Centred on the middle frame, it leaves
+the likelihood of a path emitting uniformly over time about unchanged and rewards
+early emissions for ``delay_penalty > 0``.
+
 The duration block may also be a tensor of its own (TDT's ``(token_logits,
 duration_logits)`` pair): every backend reads the two blocks through two views
 (``joint_loss_forward_pair``), so the pair is never concatenated.
@@ -40,6 +48,8 @@ variant is a new table and a few lines of public-function code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,8 @@ class JointTable:
         fastemit_lambda: FastEmit's ``λ >= 0``.
         clamp: ``> 0`` clamps each gradient element to ``[-clamp, clamp]``.
         emit_can_end: an emission may land on the final frame (see the lattice).
+        delay_penalty: k2's delay penalty, added to every emission arc's score as
+            ``delay_penalty * ((T_b - 1) / 2 - t)`` (see the module docstring).
     """
 
     blank_arcs: tuple[Arc, ...]
@@ -83,6 +95,7 @@ class JointTable:
     fastemit_lambda: float = 0.0
     clamp: float = -1.0
     emit_can_end: bool = False
+    delay_penalty: float = 0.0
 
     def encode(self) -> tuple[list[int], list[float]]:
         """The table as two flat lists (a ``torch.library`` schema takes no dataclass)."""
@@ -91,7 +104,8 @@ class JointTable:
         for a in (*self.blank_arcs, *self.emit_arcs):
             ints += [a.duration, -1 if a.token is None else a.token,
                      -1 if a.duration_logit is None else a.duration_logit]
-        return ints, [float(self.sigma), float(self.fastemit_lambda), float(self.clamp)]
+        return ints, [float(self.sigma), float(self.fastemit_lambda), float(self.clamp),
+                      float(self.delay_penalty)]
 
     @staticmethod
     def decode(ints: list[int], floats: list[float]) -> JointTable:
@@ -99,7 +113,8 @@ class JointTable:
         arcs = [Arc(ints[k], None if ints[k + 1] < 0 else ints[k + 1],
                     None if ints[k + 2] < 0 else ints[k + 2]) for k in range(5, len(ints), 3)]
         return JointTable(tuple(arcs[:nb]), tuple(arcs[nb : nb + ne]), V, D, floats[0],
-                          floats[1], floats[2], bool(can_end))
+                          floats[1], floats[2], bool(can_end),
+                          floats[3] if len(floats) > 3 else 0.0)
 
     @property
     def blank_durations(self) -> tuple[int, ...]:
@@ -114,10 +129,19 @@ class JointTable:
         return tuple(int(a.token) for a in self.blank_arcs)  # type: ignore[arg-type]
 
 
-def rnnt_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0) -> JointTable:
+def delay_terms(delay_penalty: float, logit_lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """``(B, T)`` float64: ``delay_penalty * ((T_b - 1) / 2 - t)``, the delay penalty of an
+    emission leaving frame ``t`` of sequence ``b`` (the kernels form the same numbers)."""
+    tb = logit_lengths.to(torch.float64)[:, None]
+    t = torch.arange(T, dtype=torch.float64, device=logit_lengths.device)[None, :]
+    return delay_penalty * ((tb - 1.0) * 0.5 - t)
+
+
+def rnnt_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0, *,
+               delay_penalty: float = 0.0) -> JointTable:
     """RNN-T (Graves, 2012): one blank advancing a frame, emissions advancing none."""
     return JointTable(blank_arcs=(Arc(1, token=blank),), emit_arcs=(Arc(0),), num_tokens=V,
-                      clamp=clamp, fastemit_lambda=fastemit_lambda)
+                      clamp=clamp, fastemit_lambda=fastemit_lambda, delay_penalty=delay_penalty)
 
 
 def _resolve_blank(blank: int, V: int) -> int:
@@ -125,7 +149,8 @@ def _resolve_blank(blank: int, V: int) -> int:
 
 
 def multiblank_table(V: int, blank: int, big_blank_durations: tuple[int, ...], sigma: float = 0.0,
-                     clamp: float = -1.0, fastemit_lambda: float = 0.0) -> JointTable:
+                     clamp: float = -1.0, fastemit_lambda: float = 0.0, *,
+                     delay_penalty: float = 0.0) -> JointTable:
     """Multi-blank RNN-T (Xu et al., 2022) with NeMo's layout.
 
     The standard blank ``blank`` (``< 0`` counts from the end: ``-1`` is ``V - 1``)
@@ -138,11 +163,11 @@ def multiblank_table(V: int, blank: int, big_blank_durations: tuple[int, ...], s
     arcs = (Arc(1, token=blank),) + tuple(
         Arc(int(d), token=blank - 1 - i) for i, d in enumerate(big_blank_durations))
     return JointTable(blank_arcs=arcs, emit_arcs=(Arc(0),), num_tokens=V, sigma=sigma,
-                      fastemit_lambda=fastemit_lambda, clamp=clamp)
+                      fastemit_lambda=fastemit_lambda, clamp=clamp, delay_penalty=delay_penalty)
 
 
 def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0,
-              clamp: float = -1.0) -> JointTable:
+              clamp: float = -1.0, *, delay_penalty: float = 0.0) -> JointTable:
     """Token-and-Duration Transducer (Xu et al., 2023) with NeMo's layout.
 
     ``V`` token logits (the blank among them) then ``D = len(durations)`` duration
@@ -157,4 +182,5 @@ def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0
                    for k, d in enumerate(durations) if d > 0)
     emits = tuple(Arc(int(d), duration_logit=k) for k, d in enumerate(durations))
     return JointTable(blank_arcs=blanks, emit_arcs=emits, num_tokens=V,
-                      num_durations=len(durations), sigma=sigma, clamp=clamp)
+                      num_durations=len(durations), sigma=sigma, clamp=clamp,
+                      delay_penalty=delay_penalty)

@@ -141,7 +141,8 @@ def joint_normalizer_kernel(
     or itself. Then the arc scores (``table.py``)::
 
         arc_blank[r, i] = lp_tok[tok_i] - sigma + lp_dur[dl_i]           (every read row)
-        arc_emit[r, j]  = lp_tok[y_{u+1}] - sigma + lp_dur[dl'_j]          (u < U_b)
+        arc_emit[r, j]  = lp_tok[y_{u+1}] - sigma + lp_dur[dl'_j]
+                          + delay_penalty ((T_b - 1) / 2 - t)               (u < U_b)
 
     (no ``lp_dur`` term where the index is ``-1``). ``m`` and ``log(s)`` are kept
     apart, never summed, and the scores are formed in the lattice's dtype (float64):
@@ -221,7 +222,10 @@ def joint_normalizer_kernel(
     # sigma in float64 from the parameter tensor (a Python float argument is float32),
     # on every arc's token log-probability (NeMo's logit under-normalization).
     sigma = tl.load(par_ptr + 3)
-    b_xe = tl.where(m_bad, float("-inf"), b_xe - sigma)
+    # k2's delay penalty on every emission leaving frame t, in float64 (exact halves).
+    dp = tl.load(par_ptr + 4)
+    b_pen = dp * ((T_b - 1).to(LAT) * 0.5 - i_t.to(LAT))
+    b_xe = tl.where(m_bad, float("-inf"), (b_xe - sigma) + b_pen)
     for i in tl.static_range(NB):
         b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
         if FUSED:
@@ -589,11 +593,13 @@ def _forward(
     bd = _durations(table.blank_durations, device)
     ed = _durations(table.emit_durations, device)
     scale = 1.0 + table.fastemit_lambda
-    # Device-side fills (no host-to-device copy, no sync): clamp, (1 + λ), grad_scale, sigma.
-    par = torch.full((4,), float(table.clamp), dtype=lat, device=device)
+    # Device-side fills (no host-to-device copy, no sync): clamp, (1 + λ), grad_scale, sigma,
+    # delay penalty.
+    par = torch.full((5,), float(table.clamp), dtype=lat, device=device)
     par[1] = scale
     par[2] = float(grad_scale)
     par[3] = float(table.sigma)
+    par[4] = float(table.delay_penalty)
     consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
                   BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
     # Per row: padded (B, T, U+1, .), packed (N, .).
