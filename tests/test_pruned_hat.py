@@ -267,6 +267,7 @@ def test_nan_or_inf_gives_nan_for_that_sequence_only(bad, cls):
     B, T, S, C, R, term = 3, 4, 3, 4, 2, 0
     logits, symbols, ranges = _case(B, T, S, R, C, term, "regular", seed=9)
     ok = rnnt_loss_pruned(logits, symbols, ranges, term, reduction="none", use_hat_loss=True)
+    assert torch.isfinite(ok[1])
     logits[1, 0, 0, cls] = bad  # frame 0, row 0: on every path
     x = logits.clone().requires_grad_()
     loss = rnnt_loss_pruned(x, symbols, ranges, term, reduction="none", use_hat_loss=True)
@@ -339,3 +340,23 @@ def test_diagnose_reports_hat_log_probs():
     for b, seq in enumerate(rep.sequences):
         assert seq.loss == pytest.approx(float(loss[b]), rel=1e-12)
         assert seq.min_log_prob == pytest.approx(float(lp[b].min()), rel=1e-12)
+
+
+@pytest.mark.parametrize("use_hat_loss", [False, True])
+def test_inf_in_a_class_no_arc_takes_gives_nan(use_hat_loss):
+    """``+inf`` in a read row, in a class that is neither the row's symbol nor the blank:
+    NaN for that sequence (API: ``+inf`` anywhere a sequence reads), not a loss that
+    silently drops the row (the plain loss gave ``x - inf = -inf`` arcs there)."""
+    B, T, S, C, R, term = 3, 4, 3, 5, 2, 0
+    logits, symbols, ranges = _case(B, T, S, R, C, term, "regular", seed=17)
+    ok = rnnt_loss_pruned(logits, symbols, ranges, term, reduction="none",
+                          use_hat_loss=use_hat_loss)
+    assert torch.isfinite(ok[1])
+    other = next(c for c in range(1, C) if c != int(symbols[1, 0]))
+    logits[1, 0, 0, other] = float("inf")  # frame 0, row 0: on every path
+    x = logits.clone().requires_grad_()
+    loss = rnnt_loss_pruned(x, symbols, ranges, term, reduction="none",
+                            use_hat_loss=use_hat_loss)
+    (g,) = torch.autograd.grad(loss.sum(), x)
+    assert torch.isnan(loss[1]) and torch.isnan(g[1]).any()
+    assert torch.equal(loss[[0, 2]], ok[[0, 2]]) and torch.isfinite(g[[0, 2]]).all()

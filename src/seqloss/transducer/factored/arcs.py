@@ -198,7 +198,8 @@ class _WindowLogProbs(torch.autograd.Function):
     the forward keeps the row's log-normalizer, the backward is
     ``-(g_x + g_y) softmax + g_x [c = sym] + g_y [c = term]`` in one logits-sized
     buffer. A row whose two incoming gradients are 0 (padding, unreachable states)
-    gets exactly 0, whatever it holds (NaN included).
+    gets exactly 0, whatever it holds (NaN included). A row holding ``+inf`` gives NaN
+    arcs (the API's rule), also when the ``+inf`` sits in a class neither arc takes.
     """
 
     @staticmethod
@@ -206,6 +207,10 @@ class _WindowLogProbs(torch.autograd.Function):
         lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
         px = logits.gather(3, sym)[..., 0] - lse
         py = logits[..., term] - lse
+        # lse is +inf only for a row holding +inf; finite - inf would be a silent -inf arc
+        pinf = lse == float("inf")
+        nan = torch.full((), float("nan"), dtype=px.dtype, device=px.device)
+        px, py = torch.where(pinf, nan, px), torch.where(pinf, nan, py)
         return px, py, lse  # lse: saved, not differentiable (the setup_context form)
 
     @staticmethod
