@@ -254,6 +254,23 @@ def test_combined_against_brute_force(rnnt_backend, loss, kw):
     assert_close_budget(g, want_g, rtol=1e-9, atol=1e-12, what="grad")
 
 
+@pytest.mark.parametrize("loss", ["rnnt", "rnnt_packed", "multiblank", "tdt"])
+def test_numba_row_passes(monkeypatch, loss):
+    """Numba's row prologue (taken for wide rows) forced at these widths."""
+    from seqloss.transducer.joint import numba_cpu, numba_rows
+
+    monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 1)
+    monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 1)
+    x, tg, il, tl = _batch(_kind(loss), seed=21)
+    kw = dict(delay_penalty=-0.45, fastemit_lambda=0.1, reduction="none")
+    if loss == "tdt":
+        kw = dict(delay_penalty=-0.45, reduction="none")
+    got, g = _run(loss, x, tg, il, tl, "numba", **kw)
+    want, want_g = _oracle(_kind(loss), x, tg, il, tl, **_oracle_kw(kw))
+    assert_close_budget(got, want, rtol=1e-10, atol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-9, atol=1e-12, what="grad")
+
+
 def test_penalty_moves_the_gradient():
     """A penalty changes what the oracle says (so the tests above can tell it apart)."""
     x, tg, il, tl = _batch("rnnt", seed=3)
