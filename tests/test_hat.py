@@ -259,3 +259,44 @@ def test_module_and_bad_inputs():
         hat_loss(x.long(), y, il, tl)
     with pytest.raises(InputError, match="blank"):
         hat_loss(x, y, il, tl, blank=7)
+
+
+@pytest.mark.parametrize("layout", ["full_lengths", "permuted", "class_strided"])
+def test_layouts_against_brute_force(layout):
+    """The Numba row passes (float32/64 CPU, unit class stride) with and without padding,
+    on a permuted layout, and the row driver on a class-strided one."""
+    x, y, il, tl = _case(B=2, T=4, U=3, V=5, seed=7)
+    if layout == "full_lengths":  # no padding: the gradient buffer is never zero-filled
+        il, tl = torch.tensor([4, 4]), torch.tensor([3, 3])
+    elif layout == "permuted":
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    ref_v, ref_g = _oracle(x, y, il, tl, reduction="sum", clamp=0.05)
+    if layout == "class_strided":
+        base = torch.zeros(*x.shape[:3], 2 * x.shape[3], dtype=x.dtype)
+        base[..., ::2] = x
+        xs = base.requires_grad_()
+        loss = hat_loss(xs[..., ::2], y, il, tl, reduction="sum", clamp=0.05, backend="numba")
+        loss.backward()
+        v, g = loss, xs.grad[..., ::2]
+        assert (xs.grad[..., 1::2] == 0).all()
+    else:
+        xs = x.detach().clone().requires_grad_()
+        if layout == "permuted":
+            xs = x.detach().transpose(1, 2).clone().transpose(1, 2).requires_grad_()
+        loss = hat_loss(xs, y, il, tl, reduction="sum", clamp=0.05, backend="numba")
+        loss.backward()
+        v, g = loss, xs.grad
+    torch.testing.assert_close(v, ref_v, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(g, ref_g, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+def test_retain_graph_and_no_grad(backend):
+    x, y, il, tl = _case(seed=8)
+    x.requires_grad_()
+    loss = hat_loss(x, y, il, tl, backend=backend)
+    (g1,) = torch.autograd.grad(loss, x, retain_graph=True)
+    (g2,) = torch.autograd.grad(loss, x)
+    assert torch.equal(g1, g2)
+    with torch.no_grad():
+        assert torch.equal(hat_loss(x, y, il, tl, backend=backend), loss.detach())

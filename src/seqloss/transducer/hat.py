@@ -32,6 +32,7 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import resolve_backend
 from .._core.module import LossModule
+from .._core.ops import _keep_graph
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .arc_logprobs import (
@@ -79,6 +80,8 @@ class _Cfg:
     zero_infinity: bool
     backend: str
     compute_grad: bool
+    blank: int = 0
+    rows: object = None  # hat_numba.Plan: the Numba row passes (CPU logits), else the driver
 
 
 def _losses(cfg: _Cfg, ab: Tensor, ae: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -102,10 +105,17 @@ class _HAT(torch.autograd.Function):
     @staticmethod
     def forward(ctx, cfg: _Cfg, *inputs):
         spec = cfg.spec
+        ctx.stats = None
         if cfg.joint:
             ctx.states = []
             ctx.autocast = _autocast_state()
             ab, ae = joint_forward(spec, inputs[0], inputs[1], ctx.states)
+        elif cfg.rows is not None:
+            from . import hat_numba
+
+            ab, ae, rs, g = hat_numba.forward(inputs[0], spec.labels, cfg.blank, cfg.rows,
+                                              cfg.compute_grad)
+            ctx.stats = [rs, g]
         else:
             ab, ae = rows_forward(spec, inputs)
         loss, ob, oe = _losses(cfg, ab, ae)
@@ -145,6 +155,20 @@ class _HAT(torch.autograd.Function):
                                              ctx.needs_input_grad[1:], ctx.states, ctx.autocast,
                                              grad_outs, post)
             return (None, ge, gp, *gparams)
+        if ctx.stats is not None:
+            from . import hat_numba
+
+            rs, g = ctx.stats
+            # The kernel rescales the forward's buffer in place: a retained graph keeps a
+            # copy; otherwise ctx lets go of it, so autograd takes it as the leaf's .grad
+            # without a copy.
+            if _keep_graph():
+                g = g.clone()
+            else:
+                ctx.stats = None
+            g = hat_numba.backward(inputs[0], cfg.spec.labels, cfg.blank, cfg.rows, rs, g, ob, oe,
+                                   scale, clamp, m)
+            return None, g
         grads = rows_backward(cfg.spec, inputs, grad_outs, ctx.needs_input_grad[1:], post)
         return (None, *grads)
 
@@ -190,7 +214,13 @@ def hat_loss(
     spec = make_spec(hat_rows(blank), _labels(padded, B, U1, logits.device), il, tl, T, U1,
                      acc_dtype(logits.dtype), V, chunk)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    cfg = _Cfg(spec, False, il, tl, clamp, lam, dp, reduction, zero_infinity, name, compute_grad)
+    cfg = _Cfg(spec, False, il, tl, clamp, lam, dp, reduction, zero_infinity, name, compute_grad,
+               blank)
+    if name == "numba":
+        from . import hat_numba
+
+        if hat_numba.usable(logits):
+            cfg.rows = hat_numba.Plan(spec.Tl, spec.Ul, T, U1)
     return _finish_dtype(_HAT.apply(cfg, logits), logits.dtype)
 
 
