@@ -7,17 +7,16 @@
 ``--local-addr 127.0.0.1`` to torchrun: otherwise the ranks wait forever.)
 
 Every rank draws the same global batch from the seed and trains on its shard
-(items ``rank, rank + world, ...``). DDP *averages* the ranks' gradients, so
-the loss must be scaled to make that average the gradient of the global loss:
-each rank returns
-
-    world_size / global_batch * sum over its items of loss_b / max(L_b, 1)
-
-whose average over ranks is ``1 / global_batch * sum over all items``, i.e.
-``seqloss.ctc_loss(..., reduction="mean")`` on the whole batch. (Taking
-``reduction="mean"`` per rank gives the same only when shards are equal.)
-With the same seed, the parameters after N steps match a single-process run
-up to float32 rounding of the gradient all-reduce.
+(items ``rank, rank + world, ...``; shards may differ in size, and a rank may get
+none). DDP *averages* the ranks' gradients, so a per-rank mean is not the global
+mean unless the shards are equal. ``seqloss.distributed_mean`` returns the global
+``sum(per-sequence losses) / sum(weights)`` on every rank, scaled so that DDP's
+average is the gradient of that global value: here the per-label loss
+``loss_b / max(L_b, 1)`` with weight 1 each, i.e. ``seqloss.ctc_loss(...,
+reduction="mean")`` on the whole batch (``weights=target_lengths`` on the raw
+losses would give the global ``"mean_volume"`` instead). With the same seed, the
+parameters after N steps match a single-process run up to float32 rounding of
+the gradient all-reduce.
 """
 
 from __future__ import annotations
@@ -33,13 +32,12 @@ import seqloss
 from seqloss.demo import data as D
 
 
-def shard_loss(model: torch.nn.Module, batch: D.Batch, world: int, global_batch: int,
-               backend: str) -> torch.Tensor:
+def shard_loss(model: torch.nn.Module, batch: D.Batch, backend: str) -> torch.Tensor:
     per_seq = seqloss.ctc_loss(model(batch.x), batch.targets, batch.input_lengths,
                                batch.target_lengths, blank=D.BLANK, reduction="none",
                                backend=backend)
     per_label = per_seq / batch.target_lengths.clamp(min=1).to(per_seq.dtype)
-    return per_label.sum() * (world / global_batch)
+    return seqloss.distributed_mean(per_label)  # the global batch's mean, on every rank
 
 
 def train(steps: int, global_batch: int, seed: int, lr: float,
@@ -50,8 +48,6 @@ def train(steps: int, global_batch: int, seed: int, lr: float,
         rank, world = dist.get_rank(), dist.get_world_size()
     else:
         rank, world = 0, 1
-    if global_batch % world:
-        raise SystemExit(f"--batch {global_batch} must be a multiple of the world size {world}")
     torch.manual_seed(seed)
     model = D.TinyCTC()
     ddp = DistributedDataParallel(model) if distributed else model
@@ -60,15 +56,11 @@ def train(steps: int, global_batch: int, seed: int, lr: float,
     losses = []
     for _ in range(steps):
         batch = D.make_batch(global_batch, g).shard(rank, world)
-        loss = shard_loss(ddp, batch, world, global_batch, backend)
+        loss = shard_loss(ddp, batch, backend)
         opt.zero_grad()
         loss.backward()  # DDP all-reduces (averages) the gradients here
         opt.step()
-        total = loss.detach().clone()
-        if distributed:
-            dist.all_reduce(total)
-            total /= world
-        losses.append(float(total))
+        losses.append(float(loss))  # already the global value
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if distributed:
         dist.barrier()

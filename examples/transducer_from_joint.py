@@ -29,7 +29,7 @@ class Model(nn.Module):
     def joint(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         return self.joint_out(torch.tanh(enc[:, :, None] + pred[:, None]))
 
-    def streams(self, feats: torch.Tensor, targets: torch.Tensor):  # noqa: ANN201
+    def streams(self, feats: torch.Tensor, targets: torch.Tensor):
         enc = self.encoder(feats)
         start = torch.full((targets.shape[0], 1), V - 1, dtype=torch.long)  # blank as <sos>
         pred = self.predictor(self.embed(torch.cat([start, targets], 1)))
@@ -48,7 +48,7 @@ class JointOf(nn.Module):
         return self.fn(enc, pred)
 
 
-def data(seed: int):  # noqa: ANN201
+def data(seed: int):
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(B, T, 16, generator=g)
     targets = torch.randint(0, V - 1, (B, U), generator=g)
