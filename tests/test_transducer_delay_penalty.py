@@ -448,4 +448,6 @@ def test_opcheck():
     x = x[:, :4, :3].contiguous().requires_grad_()
     ints, floats = rnnt_table(4, 3, -1.0, 0.1, delay_penalty=0.5).encode()
     args = (x, tg, il, tl, ints, floats, True, "sum", False, "reference", True, True)
-    torch.library.opcheck(op.table_loss_op, args)
+    # aot_dispatch (the slow part) does not depend on the floats' values: left out.
+    torch.library.opcheck(op.table_loss_op, args, test_utils=(
+        "test_schema", "test_autograd_registration", "test_faketensor"))
