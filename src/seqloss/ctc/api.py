@@ -27,6 +27,7 @@ def ctc_loss(
     zero_infinity: bool = False,
     *,
     fused_log_softmax: bool = False,
+    delay_penalty: float = 0.0,
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
@@ -51,6 +52,9 @@ def ctc_loss(
             the float range) gives 0 and a zero gradient for that sequence, as torch.
         fused_log_softmax: take the log-softmax inside; the gradient is then with
             respect to the logits directly (``softmax - occupation``), as warp-ctc.
+        delay_penalty: k2's latency penalty: every frame ``t`` a path spends on a
+            label (a non-blank extended label) gains ``delay_penalty * ((T_b - 1) / 2 - t)``
+            in log space, so a positive value favours emitting early. Any finite value.
         backend: ``"auto"``, ``"reference"``, ``"numba"`` or ``"triton"``
             (default from ``SEQLOSS_BACKEND``).
         validate: check lengths and ids (a device-to-host sync on CUDA). ``False``
@@ -71,19 +75,20 @@ def ctc_loss(
     gradient; NaN or ``+inf`` in a read frame gives NaN for that sequence only.
 
     Gradient: the true derivative with respect to ``log_probs``, minus the state
-    occupation, so :func:`torch.autograd.gradcheck` passes. torch returns
-    ``exp(log_probs) - occupation`` instead, which is right only when a
-    ``log_softmax`` sits upstream; through an upstream ``log_softmax`` both give
+    occupation (penalized, with a delay penalty), so :func:`torch.autograd.gradcheck`
+    passes. torch returns ``exp(log_probs) - occupation`` instead, which is right
+    only when a ``log_softmax`` sits upstream; through an upstream ``log_softmax`` both give
     the same gradient on the logits.
 
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd, torch.compile (fullgraph), deterministic.
     """
     loss = ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
-                    zero_infinity, fused_log_softmax, backend, validate)
+                    zero_infinity, fused_log_softmax, backend, validate, delay_penalty)
     if loss is not None:
         return loss
     checks.check_float_tensor(log_probs, "log_probs")
+    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     reduction = checks.check_reduction(reduction, MEAN)
     zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     fused_log_softmax = checks.flag(fused_log_softmax, "fused_log_softmax")
@@ -101,7 +106,7 @@ def ctc_loss(
     loss, _ = call_loss_op(
         ctc_loss_op, ctc_loss_impl, 1, None,
         log_probs, tg, il, tl, blank, fused_log_softmax, op_reduction, zero_infinity,
-        name, compute_grad, validate,
+        delay_penalty, name, compute_grad, validate,
     )
     if loss.dtype != log_probs.dtype and log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)
@@ -112,7 +117,8 @@ class CTCLoss(LossModule):
     """Module wrapper of :func:`ctc_loss`; constructor takes its keyword arguments."""
 
     _defaults = {"blank": 0, "reduction": "mean", "zero_infinity": False,
-                 "fused_log_softmax": False, "backend": "auto", "validate": True}
+                 "fused_log_softmax": False, "delay_penalty": 0.0, "backend": "auto",
+                 "validate": True}
 
     def __init__(
         self,
@@ -121,16 +127,19 @@ class CTCLoss(LossModule):
         zero_infinity: bool = False,
         *,
         fused_log_softmax: bool = False,
+        delay_penalty: float = 0.0,
         backend: str = "auto",
         validate: bool = True,
     ) -> None:
         super().__init__(blank=blank, reduction=reduction, zero_infinity=zero_infinity,
-                         fused_log_softmax=fused_log_softmax, backend=backend, validate=validate)
+                         fused_log_softmax=fused_log_softmax,
+                         delay_penalty=checks.check_float_arg(delay_penalty, "delay_penalty"),
+                         backend=backend, validate=validate)
 
     def forward(self, log_probs: Tensor, targets: Tensor, input_lengths: IntsLike,
                 target_lengths: IntsLike) -> Tensor:
         return ctc_loss(
             log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
             self.zero_infinity, fused_log_softmax=self.fused_log_softmax,
-            backend=self.backend, validate=self.validate,
+            delay_penalty=self.delay_penalty, backend=self.backend, validate=self.validate,
         )

@@ -42,7 +42,7 @@ _CODES = {**reduce.CODES, "mean": reduce.CODES[MEAN]}
 
 
 def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
-             zero_infinity, fused_log_softmax, backend, validate):
+             zero_infinity, fused_log_softmax, backend, validate, delay_penalty=0.0):
     """``ctc_loss`` for the common eager CPU call, or ``None`` to take the general path."""
     global _kern
     dt = log_probs.dtype if type(log_probs) is Tensor else None
@@ -50,6 +50,8 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
             or not log_probs.is_cpu or log_probs.dim() != 3 or type(blank) is not int
             or type(zero_infinity) is not bool or type(fused_log_softmax) is not bool
             or type(validate) is not bool
+            # a finite float (inf - inf is NaN); anything else is checked on the general path
+            or type(delay_penalty) is not float or delay_penalty - delay_penalty != 0.0
             or type(targets) is not Tensor or targets.dtype is not _I64 or not targets.is_cpu
             or not targets.is_contiguous() or not numba_chosen(backend)):
         return None
@@ -96,7 +98,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction
     concat = targets.dim() == 1
     R, S = (1, targets.shape[0]) if concat else targets.shape
     kargs = (k._ZERO[dt], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S,
-             concat, 0, il.data_ptr(), tl.data_ptr(), blank, fused_log_softmax,
+             concat, 0, il.data_ptr(), tl.data_ptr(), blank, fused_log_softmax, delay_penalty,
              compute_grad, gp, rp if red == 0 else 0, 0, 0, int(k._SEGMENT_OVERRIDE), red,
              zero_infinity, 0 if red == 0 else rp, validate, 0, 0)
     spec = (k, kargs, res, grad, targets, il, tl, validate)

@@ -44,6 +44,14 @@ log-space kernel (``_ctc_log_one``, libm ``exp``/``log`` per state, guarded
 zeros (``-inf`` log-probabilities, ``exp(-inf) == 0``) are not underflow and
 stay on the fast path.
 
+Delay penalty (``dp``, k2's): every label's log-probability at frame ``t`` gains
+``dp * ((T_b - 1) / 2 - t)`` (the blank's does not) where the emissions are formed,
+in every path. It spreads the states of a frame apart, by up to about
+``|dp| T_b**2 / 8`` nats (e.g. the all-blank state 0 against the others at mid-sequence
+when ``dp > 0``), and once that passes float64's range the fast path's range checks
+send the sequence to the extended-range path: the result stays exact, at that path's
+cost (``dp = 0.01`` at ``T_b = 500`` stays on the fast path, ``0.05`` leaves it).
+
 Why not log space throughout: the installed llvmlite has no vector math
 library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
 ``exp`` used here (``_exp``) is written out (Cody-Waite reduction, degree-12
@@ -304,12 +312,12 @@ def _write_softmax(grad, tb_layout, t, b, C, ex, s):
 
 # --------------------------------------------------------------------------- log space
 @njit(cache=True, error_model="numpy")
-def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, first, t0, t1, lse, lp, la, cla, skip):
+def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lse, lp, la, cla, skip):
     """Log-space emissions and alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
     ``first``: the first sweep (``t0 == 0``): computes ``lse[t]`` (fused) and
     saves the rows of frames ``k S`` in ``cla`` (``k < len(cla)``). Otherwise row
-    ``t0 % S`` of ``la`` holds alpha of ``t0`` (a checkpoint).
+    ``t0 % S`` of ``la`` holds alpha of ``t0`` (a checkpoint). ``dp``: the delay penalty.
     """
     nl = lab.shape[0]
     K = la.shape[1]
@@ -331,8 +339,10 @@ def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, first, t0, t1, lse, lp, la, c
                     s += math.exp(xr[c] - m)
                 lse[t] = m + math.log(s)
         lpr = lp[r]
-        for j in range(nl):
-            lpr[j] = xr[lab[j]] - lse[t]
+        pen = dp * ((Tb - 1) * 0.5 - t)
+        lpr[0] = xr[lab[0]] - lse[t]
+        for j in range(1, nl):
+            lpr[j] = (xr[lab[j]] - lse[t]) + pen
         an = la[r]
         if t == t0:
             if first:
@@ -354,7 +364,7 @@ def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, first, t0, t1, lse, lp, la, c
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg):
+def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, dp, compute_grad, grad, seg):
     """Exact log-space CTC of one sequence (``T_b >= 1``); returns the loss.
 
     Updates: rows ``t < T_b`` of sequence ``b`` in ``grad`` (when ``compute_grad``).
@@ -372,7 +382,7 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, 
         skip[s] = lab[(s + 1) // 2] != lab[(s - 1) // 2]
     la = np.full((S, K), NEG_INF)
     cla = np.empty((nck, K))
-    _log_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), _I0(), Tb, lse, lp, la, cla, skip)
+    _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(), Tb, lse, lp, la, cla, skip)
     laf = la[(Tb - 1) % S]
     ll = laf[K - 1]
     if K > 1:
@@ -394,7 +404,8 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, 
         t1 = min(Tb, t0 + S)
         if k < nseg - 1:
             la[0] = cla[k]
-            _log_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), t0, t1, lse, lp, la, cla, skip)
+            _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lse, lp, la, cla,
+                       skip)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lat = la[r]
@@ -455,8 +466,9 @@ def _expo(m):
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _fast_emissions(xr, lab, lse, lp, E, r):
-    """``E[r] = exp(lp - M)`` for one frame's label log-probs ``lp = x[lab] - lse``.
+def _fast_emissions(xr, lab, lse, pen, lp, E, r):
+    """``E[r] = exp(lp - M)`` for one frame's label log-probs ``lp = x[lab] - lse``, the
+    labels' (not the blank's) plus the frame's delay penalty ``pen``.
 
     Returns ``(M, ok)``; not ok: every label masked (``M = -inf``, an exact zero
     that the caller decides in log space), a non-finite ``M``, or a nonzero label
@@ -464,8 +476,9 @@ def _fast_emissions(xr, lab, lse, lp, E, r):
     ``_exp`` would pass over it).
     """
     nl = lab.shape[0]
-    for j in range(nl):
-        lp[j] = xr[lab[j]] - lse
+    lp[0] = xr[lab[0]] - lse
+    for j in range(1, nl):
+        lp[j] = (xr[lab[j]] - lse) + pen
     M = NEG_INF
     for j in range(nl):
         M = max(M, lp[j])
@@ -569,7 +582,7 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
 
 
 @njit(cache=True, error_model="numpy")
-def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1,
+def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0, t1,
                 lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh):
     """Emissions and scaled alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
@@ -598,7 +611,7 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t
                     _write_softmax(grad, tb_layout, t, b, C, ex, s)
             else:
                 lse = lses[t]
-        M, ok = _fast_emissions(xr, lab, lse, lp, E, r)
+        M, ok = _fast_emissions(xr, lab, lse, dp * ((Tb - 1) * 0.5 - t), lp, E, r)
         if first and not ok:
             # Every label masked at this frame (an exact zero), or a non-finite
             # input that the caller will poison: decide in log space.
@@ -634,7 +647,7 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss, seg):
+def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg):
     """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
 
     Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
@@ -667,7 +680,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
     CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), compute_grad, grad,
+    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), compute_grad, grad,
                                _I0(), Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
     if not ok:
         return FALLBACK
@@ -706,7 +719,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_lo
             AE[0] = CE[sg]
             AO[0] = CO[sg]
             KA[0] = CK[sg]
-            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), _NO(), grad,
+            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad,
                         t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
@@ -845,12 +858,15 @@ def _renorm(v, k):
 
 
 @njit(cache=True, error_model="numpy")
-def _ext_emissions(xr, lab, lse, em, ek):
-    """Extended-range emissions ``(em, ek)`` of one frame; False on a non-finite
-    log-probability or one below ``_EXT_MIN_LP`` (the caller then takes log space)."""
+def _ext_emissions(xr, lab, lse, pen, em, ek):
+    """Extended-range emissions ``(em, ek)`` of one frame (labels plus the delay penalty
+    ``pen``); False on a non-finite log-probability or one below ``_EXT_MIN_LP`` (the
+    caller then takes log space)."""
     nl = lab.shape[0]
     for j in range(nl):
         lp = xr[lab[j]] - lse
+        if j > 0:
+            lp += pen
         if lp == NEG_INF:
             em[j] = 0.0
             ek[j] = KNEG
@@ -865,7 +881,7 @@ def _ext_emissions(xr, lab, lse, em, ek):
 
 
 @njit(cache=True, error_model="numpy")
-def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1, lses,
+def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0, t1, lses,
                Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
     """Extended-range emissions and alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
@@ -891,7 +907,7 @@ def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1
                     _write_softmax(grad, tb_layout, t, b, C, ex, s)
             else:
                 lse = lses[t]
-        if not _ext_emissions(xr, lab, lse, Em[r], Ek[r]) and first:
+        if not _ext_emissions(xr, lab, lse, dp * ((Tb - 1) * 0.5 - t), Em[r], Ek[r]) and first:
             return False
         nm_e, nk_e, nm_o, nk_o = AEm[r], AEk[r], AOm[r], AOk[r]
         if t == t0:
@@ -940,7 +956,7 @@ def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, first, write_sm, grad, t0, t1
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_loss, seg):
+def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg):
     """CTC of one sequence in extended-range probability arithmetic (``T_b >= 1``).
 
     Exact for any finite input (log-probabilities of any magnitude, ``-inf``
@@ -970,7 +986,7 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
     CEk = np.empty((nck, nl), np.int64)
     COm = np.empty((nck, no))
     COk = np.empty((nck, no), np.int64)
-    if not _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, _YES(), compute_grad, grad, _I0(), Tb,
+    if not _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), compute_grad, grad, _I0(), Tb,
                       lses, Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex):
         return FALLBACK
     rf = (Tb - 1) % S
@@ -1013,7 +1029,7 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
             AEk[0] = CEk[sg]
             AOm[0] = COm[sg]
             AOk[0] = COk[sg]
-            _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, _NO(), _NO(), grad, t0, t1, lses,
+            _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad, t0, t1, lses,
                        Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
@@ -1081,8 +1097,8 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, out_los
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss, status,
-             mode, seg, w, b):
+def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad, loss,
+             status, mode, seg, w, b):
     """CTC loss (and gradient) of sequence ``b`` on the fast path, or ``PENDING``.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
@@ -1123,7 +1139,7 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, gr
         return
     st = PENDING
     if mode == 0:
-        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
+        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, loss, seg)
     if st != FAST:
         status[b] = PENDING
         return
@@ -1143,8 +1159,8 @@ def _scale_rows(grad, tb_layout, b, Tb, w):
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad, loss,
-                  status, mode, seg, w, b):
+def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad,
+                  loss, status, mode, seg, w, b):
     """Sequence ``b`` left ``PENDING`` by ``_ctc_seq``: the extended-range path (unless
     ``mode == 2``), then log space; same updates as ``_ctc_seq``."""
     C = x.shape[2]
@@ -1152,10 +1168,11 @@ def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, compute_gra
     lab = _labels(targets, toff, b, tl[b], blank)
     st = FALLBACK
     if mode <= 1:
-        st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, compute_grad, grad, loss, seg)
+        st = _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, loss, seg)
         st = EXTENDED if st == FAST else st
     if st == FALLBACK:
-        loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, compute_grad, grad, seg)
+        loss[b] = _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, dp, compute_grad, grad,
+                               seg)
     status[b] = st
     if compute_grad and w != 1.0:
         _scale_rows(grad, tb_layout, b, Tb, w)
@@ -1210,7 +1227,7 @@ def _ptr(typingctx, addr, like):
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank, fused,
-               compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp, validate,
+               dp, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp, validate,
                chunk, job):
     """Sequences ``job * chunk`` to ``(job + 1) * chunk - 1``, one ``_ctc_seq`` each: a job
     of the pool (see ``_run_batch``).
@@ -1259,7 +1276,7 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
             offs = _offsets(tl)
     pending = False
     for b in range(b0, b1):  # one call site: _ctc_seq is inlined
-        _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, compute_grad, grad, loss,
+        _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, dp, compute_grad, grad, loss,
                  status, mode, seg, _seq_weight(red, tl[b], B, total), b)
         pending |= status[b] == PENDING
     if chunk > 0:
@@ -1272,7 +1289,7 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
 
 @njit(cache=True, error_model="numpy")
 def _ctc_fallback(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank,
-                  fused, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp,
+                  fused, dp, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp,
                   validate):
     """``_ctc_chunk``'s arguments (the values checked): finishes the sequences that
     ``_ctc_chunk`` left ``PENDING`` (with ``statusp == 0`` it did not keep them: every
@@ -1296,10 +1313,10 @@ def _ctc_fallback(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     for b in range(B):
         w = _seq_weight(red, tl[b], B, total)
         if statusp == 0:
-            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad, grad,
+            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad,
                      loss, status, mode, seg, w, b)
         if status[b] == PENDING:
-            _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, compute_grad,
+            _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad,
                           grad, loss, status, mode, seg, w, b)
     _finish(loss, tl, red, zero_infinity, out, grad, tb_layout)
 
@@ -1381,6 +1398,7 @@ def ctc_loss_forward(
     validate: bool = False,
     reduction: str = "none",
     zero_infinity: bool = False,
+    delay_penalty: float = 0.0,
     _status: list | None = None,
     _path: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1393,6 +1411,8 @@ def ctc_loss_forward(
     applies ``zero_infinity`` and the ``reduction`` as ``seqloss._core.reduce.finish``
     does (the mean's weights scale each sequence's gradient rows in the kernel): on a
     small batch the ~8 torch ops of ``finish`` cost as much as the recursion.
+
+    ``delay_penalty``: k2's latency penalty (see the module docstring).
 
     Testing hooks: ``_status``, a list that receives the per-sequence path taken
     (``"fast"``, ``"extended"``, ``"logspace"``, ``"infeasible"`` or ``"nonfinite"``);
@@ -1441,7 +1461,8 @@ def ctc_loss_forward(
     toff_t = torch.from_numpy(toff) if toff is not None and concat else None
     args = (_ZERO[work], xv.data_ptr(), tb_layout, T, B, C, tg.data_ptr(), R, S, concat,
             0 if toff_t is None else toff_t.data_ptr(), il_t.data_ptr(), tl_t.data_ptr(),
-            int(blank), bool(fused_log_softmax), bool(compute_grad), gp, loss.data_ptr(),
+            int(blank), bool(fused_log_softmax), float(delay_penalty), bool(compute_grad), gp,
+            loss.data_ptr(),
             0 if status is None else status.data_ptr(), _MODES[_path], int(_SEGMENT_OVERRIDE),
             red, bool(zero_infinity), out.data_ptr(), bool(validate))
     if inline:

@@ -25,6 +25,7 @@ def ctc_loss_impl(
     fused_log_softmax: bool,
     reduction: str,
     zero_infinity: bool,
+    delay_penalty: float,
     backend: str,
     compute_grad: bool,
     validate: bool,
@@ -45,11 +46,13 @@ def ctc_loss_impl(
         loss, grad = kern.ctc_loss_forward(
             log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
             compute_grad, validate=validate, reduction=reduction, zero_infinity=zero_infinity,
+            delay_penalty=delay_penalty,
         )
         return loss, conform_layout(grad, log_probs)
     padded = ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=validate)
     loss, grad = kern.ctc_loss_forward(
         log_probs, padded, input_lengths, target_lengths, blank, fused_log_softmax, compute_grad,
+        delay_penalty=delay_penalty,
     )
     grad = conform_layout(grad, log_probs)
     loss, grad = poison_nonfinite(log_probs, input_lengths, loss, grad, time_dim=0, batch_dim=1)
@@ -62,7 +65,7 @@ ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutate
 
 @ctc_loss_op.register_fake
 def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
-      zero_infinity, backend, compute_grad, validate):
+      zero_infinity, delay_penalty, backend, compute_grad, validate):
     T, B, C = log_probs.shape
     shape = (B,) if reduction == "none" else ()
     loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
@@ -80,7 +83,7 @@ def _ctc_setup(ctx, inputs, output):
 
 def _ctc_backward(ctx, grad_loss, _grad_grad):
     (grad,) = ctx.saved_tensors
-    nones = (None,) * 10
+    nones = (None,) * 11
     if grad_loss is None:
         return (None, *nones)
     if not ctx.compute_grad:

@@ -33,6 +33,8 @@ def ctc_loss_forward(
     blank: int,
     fused_log_softmax: bool,
     compute_grad: bool,
+    *,
+    delay_penalty: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence CTC negative log-likelihood and its gradient.
 
@@ -44,6 +46,8 @@ def ctc_loss_forward(
         fused_log_softmax: take ``log_softmax`` over ``C`` inside; the gradient is
             then with respect to the logits (``softmax - occupation``).
         compute_grad: also return the gradient (else an empty tensor).
+        delay_penalty: added to the emission of every non-blank extended label at
+            frame ``t``, times ``(T_b - 1) / 2 - t`` (k2's latency penalty).
 
     Returns:
         ``loss (B,)`` in float32 (float64 for float64 input), ``+inf`` for an
@@ -80,6 +84,11 @@ def ctc_loss_forward(
     s_idx = torch.arange(K, device=device)
     state_ok = s_idx[None, :] < (2 * L + 1)[:, None]
     e = lp.gather(2, ext[None].expand(T, B, K)) if T > 0 else lp.new_zeros(0, B, K)
+    if delay_penalty != 0.0 and T > 0:
+        # The same float64 rounding as the kernels: dp * ((T_b - 1) * 0.5 - t).
+        t_idx = torch.arange(T, device=device, dtype=acc)
+        pen = delay_penalty * ((Tb.to(acc) - 1) * 0.5 - t_idx[:, None])  # (T, B)
+        e = e + torch.where((s_idx % 2 == 1)[None, None, :], pen[:, :, None], 0.0)
     e = torch.where(state_ok[None], e, torch.full_like(e, NEG_INF))
     skip = torch.zeros(B, K, dtype=torch.bool, device=device)
     if K > 2:

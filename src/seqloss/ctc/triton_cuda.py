@@ -89,11 +89,12 @@ def ctc_normalizer_kernel(
 
 @triton.jit
 def ctc_alpha_kernel(
-    x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr,
+    x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr, dp_ptr,
     B, K,
     stride_xt, stride_xb, stride_xc, stride_tb, stride_ts,
     blank,
     FUSED: tl.constexpr, STORE_ALL: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr,
+    DELAY: tl.constexpr,
 ):
     """Forward recursion of sequence ``b = program_id(0)`` over its ``input_lengths[b]`` frames.
 
@@ -104,8 +105,11 @@ def ctc_alpha_kernel(
                                           alpha[t-1, s-2] if l'_s != blank, l'_s != l'_{s-2})
 
     rescaled at every frame so that its maximum is 0; the shifts are summed in
-    float64 into ``log p``. Unscaled, ``alpha`` reaches ``-T |log p_t|`` and its
-    float32 ulp grows with it; rescaled, the stored values stay ``O(|log p_t|)``.
+    float64 into ``log p``. ``DELAY``: the label lanes' emissions at frame ``t`` gain
+    ``dp * ((T_b - 1) / 2 - t)`` (``dp = dp_ptr[0]``, float64; the penalty is formed in
+    float64 as in the other backends, then rounded once). Unscaled, ``alpha`` reaches
+    ``-T |log p_t|`` and its float32 ulp grows with it; rescaled, the stored values stay
+    ``O(|log p_t|)``.
 
     The shifted states ``s-1``, ``s-2`` live in other lanes (other threads): they are
     read back from the row stored for frame ``t-1``. Race-freedom on a GPU: the row
@@ -154,6 +158,10 @@ def ctc_alpha_kernel(
     b_e = tl.load(p_x, mask=m_0, other=NEG_INF).to(ACC)
     if FUSED:
         b_e = b_e - tl.load(p_lse, mask=has, other=0.0)
+    if DELAY:
+        b_dp = tl.load(dp_ptr)
+        b_half = (b_T - 1).to(tl.float64) * 0.5
+        b_e = b_e + tl.where(m_lab, (b_dp * b_half).to(ACC), 0.0)
     b_a = tl.where(o_s < 2, b_e, NEG_INF)
     b_max = tl.reduce(b_a, 0, _MAX)
     shift = tl.where(b_max == NEG_INF, 0.0, b_max)
@@ -173,6 +181,8 @@ def ctc_alpha_kernel(
         b_e = tl.load(p_x + t * stride_xt, mask=m_s, other=NEG_INF).to(ACC)
         if FUSED:
             b_e = b_e - tl.load(p_lse + t * B)
+        if DELAY:
+            b_e = b_e + tl.where(m_lab, (b_dp * (b_half - t)).to(ACC), 0.0)
         # Guarded logaddexp: a lane whose three terms are all -inf stays -inf,
         # with no -inf - -inf and no log(0).
         b_m = tl.maximum(tl.maximum(b_a, b_a1), b_a2)
@@ -241,11 +251,11 @@ def ctc_softmax_grad_kernel(
 @triton.jit
 def ctc_beta_kernel(
     x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr, scratch_ptr, grad_ptr,
-    perm_ptr, pos_ptr, count_ptr, mult_ptr,
+    perm_ptr, pos_ptr, count_ptr, mult_ptr, dp_ptr,
     B, S, K,
     stride_xt, stride_xb, stride_xc, stride_tb, stride_ts, stride_gt, stride_gb, stride_gc,
     blank,
-    FUSED: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr,
+    FUSED: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr, DELAY: tl.constexpr,
 ):
     """Backward recursion and occupation of sequence ``b = program_id(0)``.
 
@@ -260,6 +270,8 @@ def ctc_beta_kernel(
     at every frame and the occupation is a softmax over the frame's states: the
     rescalings of ``alpha`` and ``beta'`` (and ``log p``) cancel, and so do the
     rounding errors they carry. ``beta'`` is rescaled by the same frame shift.
+    ``DELAY``: the emissions carry the delay penalty as in ``ctc_alpha_kernel``; the
+    softmax of a fused gradient does not.
 
     The occupation of a class is the sum of ``gamma`` over its states: blank over
     the lanes holding blank; a label over its occurrences in the target, summed
@@ -333,7 +345,12 @@ def ctc_beta_kernel(
     p_x_t = p_x + n_t * stride_xt
     p_lse_t = p_lse + n_t * B
     p_g_t = p_g + n_t * stride_gt
+    if DELAY:
+        b_dp = tl.load(dp_ptr)
+        b_half = (b_T - 1).to(tl.float64) * 0.5
+    t = n_t
     for _ in range(0, n_t):
+        t -= 1
         prev = slot
         slot = K2 - slot
         p_al_t -= BK
@@ -359,7 +376,12 @@ def ctc_beta_kernel(
         b_e = tl.load(p_x_t, mask=m_s, other=NEG_INF).to(ACC)
         if FUSED:
             b_e = b_e - tl.load(p_lse_t)
-        b_bn = (b_beta - shift) + b_e
+        if DELAY:
+            # rounded as in ctc_alpha_kernel (e + penalty, then the sum); the fused
+            # gradient's softmax below takes b_e without it
+            b_bn = (b_beta - shift) + (b_e + tl.where(m_lab, (b_dp * (b_half - t)).to(ACC), 0.0))
+        else:
+            b_bn = (b_beta - shift) + b_e
         tl.store(p_scr + slot, b_bn, mask=m_s)
         if b_mult > 1:
             tl.store(p_scr + (slot + K), b_gamma, mask=m_s)
@@ -414,6 +436,8 @@ def ctc_loss_forward(
     blank: int,
     fused_log_softmax: bool,
     compute_grad: bool,
+    *,
+    delay_penalty: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence CTC loss ``(B,)`` and gradient ``(T, B, C)``; see ``seqloss.ctc.reference``."""
     T, B, C = log_probs.shape
@@ -441,6 +465,10 @@ def ctc_loss_forward(
         sx = log_probs.stride()
         st = targets.stride()
         loss = torch.empty(B, dtype=acc, device=device)
+        delay = delay_penalty != 0.0
+        # float64 on the device whatever the accumulation dtype (a Python float argument
+        # would be float32); a fill, no host-to-device copy.
+        dpv = torch.full((1,), delay_penalty, dtype=torch.float64, device=device) if delay else loss
         lse = torch.empty((T, B), dtype=acc, device=device) if fused_log_softmax else loss
         if fused_log_softmax:
             ctc_normalizer_kernel[(rows,)](
@@ -450,9 +478,9 @@ def ctc_loss_forward(
         alpha = torch.empty((T if compute_grad else 2, B, K), dtype=acc, device=device)
         warps = state_warps(block_k)
         ctc_alpha_kernel[(B,)](
-            log_probs, lse, targets, il, tlen, alpha, loss, B, K, *sx, *st, blank,
+            log_probs, lse, targets, il, tlen, alpha, loss, dpv, B, K, *sx, *st, blank,
             FUSED=fused_log_softmax, STORE_ALL=compute_grad, FP64=fp64, BLOCK_K=block_k,
-            num_warps=warps,
+            DELAY=delay, num_warps=warps,
         )
         if not compute_grad:
             return loss, empty_grad
@@ -473,7 +501,7 @@ def ctc_loss_forward(
         scratch = torch.empty((B, 2, 2, K), dtype=acc, device=device)
         ctc_beta_kernel[(B,)](
             log_probs, lse, targets, il, tlen, alpha, loss, scratch, grad,
-            perm, pos, count, mult, B, S, K, *sx, *st, *grad.stride(), blank,
-            FUSED=fused_log_softmax, FP64=fp64, BLOCK_K=block_k, num_warps=warps,
+            perm, pos, count, mult, dpv, B, S, K, *sx, *st, *grad.stride(), blank,
+            FUSED=fused_log_softmax, FP64=fp64, BLOCK_K=block_k, DELAY=delay, num_warps=warps,
         )
     return loss, grad
