@@ -42,6 +42,10 @@ def test_argument_order_of_the_drop_ins():
         "logits", "targets", "logit_lengths", "target_lengths", "blank", "clamp", "reduction"]
     assert params(seqloss.transducer_arc_logprobs)[:5] == [
         "logits", "targets", "logit_lengths", "target_lengths", "blank"]
+    # k2's order: use_hat_loss is the ninth positional argument.
+    assert params(seqloss.rnnt_loss_pruned)[:9] == [
+        "logits", "symbols", "ranges", "termination_symbol", "boundary", "rnnt_type",
+        "delay_penalty", "reduction", "use_hat_loss"]
     assert params(seqloss.distributed_mean) == ["losses", "weights", "group"]
     assert params(seqloss.transducer_lattice)[:6] == [
         "arc_blank", "arc_emit", "logit_lengths", "target_lengths", "blank_durations",
