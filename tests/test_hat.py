@@ -36,7 +36,8 @@ def _arcs(x, y, blank, il, delay_penalty):
     keep = [c for c in range(V) if c != blank]
     p_blank = torch.sigmoid(x[..., blank])
     p_labels = torch.zeros_like(x)
-    p_labels[..., keep] = torch.softmax(x[..., keep], -1) * (1 - p_blank)[..., None]
+    # 1 - sigmoid(z) written as sigmoid(-z): 1 - sigmoid(120) is 0 in float64
+    p_labels[..., keep] = torch.softmax(x[..., keep], -1) * torch.sigmoid(-x[..., blank])[..., None]
     lab = torch.zeros(B, U1, dtype=torch.long)
     lab[:, : U1 - 1] = y[:, : U1 - 1]
     ae = p_labels.gather(-1, lab[:, None, :, None].expand(B, T, U1, 1))[..., 0].log()
@@ -300,3 +301,20 @@ def test_retain_graph_and_no_grad(backend):
     assert torch.equal(g1, g2)
     with torch.no_grad():
         assert torch.equal(hat_loss(x, y, il, tl, backend=backend), loss.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+def test_dominant_blank_or_label(dtype, backend):
+    """Rows where the blank's logit exceeds every label's by far (the labels' sum must not
+    underflow) or falls far below (the blank's term is taken out of the row's sum)."""
+    x, y, il, tl = _case(B=2, T=4, U=3, V=6, seed=9)
+    x[0, :, :, -1] += 120.0
+    x[1, :2, :, -1] -= 120.0
+    x[1, 2:, :, 0] += 200.0  # a label far above the rest
+    x = x.to(dtype)
+    ref_v, ref_g = _oracle(x, y, il, tl, reduction="none")
+    v, g = _run(x, y, il, tl, reduction="none", backend=backend)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(v.double(), ref_v, atol=tol, rtol=tol)
+    torch.testing.assert_close(g.double(), ref_g, atol=tol, rtol=tol)

@@ -141,20 +141,7 @@ class _HAT(torch.autograd.Function):
         m = (grad_loss.expand(B) if grad_loss.dim() == 0 else grad_loss).to(ob.dtype)
         m = m * ctx.w.to(ob.dtype)
         scale = 1.0 + cfg.fastemit_lambda
-        grad_outs = [-ob, -oe * scale if scale != 1.0 else -oe]
         clamp = cfg.clamp
-
-        def post(g: Tensor, tile: tuple[int, ...], i: int) -> Tensor:
-            if clamp > 0:
-                g = g.clamp_(-clamp, clamp)
-            return g.mul_(m[tile[0]:tile[1], None, None, None])
-
-        if cfg.joint:
-            enc, pred, *params = inputs
-            ge, gp, gparams = joint_backward(cfg.spec, enc, pred, params,
-                                             ctx.needs_input_grad[1:], ctx.states, ctx.autocast,
-                                             grad_outs, post)
-            return (None, ge, gp, *gparams)
         if ctx.stats is not None:
             from . import hat_numba
 
@@ -169,6 +156,19 @@ class _HAT(torch.autograd.Function):
             g = hat_numba.backward(inputs[0], cfg.spec.labels, cfg.blank, cfg.rows, rs, g, ob, oe,
                                    scale, clamp, m)
             return None, g
+        grad_outs = [-ob, -oe * scale if scale != 1.0 else -oe]
+
+        def post(g: Tensor, tile: tuple[int, ...], i: int) -> Tensor:
+            if clamp > 0:
+                g = g.clamp_(-clamp, clamp)
+            return g.mul_(m[tile[0]:tile[1], None, None, None])
+
+        if cfg.joint:
+            enc, pred, *params = inputs
+            ge, gp, gparams = joint_backward(cfg.spec, enc, pred, params,
+                                             ctx.needs_input_grad[1:], ctx.states, ctx.autocast,
+                                             grad_outs, post)
+            return (None, ge, gp, *gparams)
         grads = rows_backward(cfg.spec, inputs, grad_outs, ctx.needs_input_grad[1:], post)
         return (None, *grads)
 

@@ -69,7 +69,7 @@ def _max(x, lo, hi, m, acc):
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _forward_job(x, xo, xsb, xst, xsu, g, go, gsb, gst, gsu, write, V, blank, jb, jt0, jt1, Ub,
-                 lab, ab, ae, rm, rs, one, job):
+                 lab, ab, ae, rs, one, job):
     b = jb[job]
     ub = Ub[b]
     acc = np.empty(_LANES, dtype=x.dtype)
@@ -78,27 +78,45 @@ def _forward_job(x, xo, xsb, xst, xsu, g, go, gsb, gst, gsu, write, V, blank, jb
             # Row slices, not flat indices: LLVM then vectorizes the loops.
             o = xo + b * xsb + t * xst + u * xsu
             xr = x[o : o + V]
-            m = xr[1] if blank == 0 else xr[0]
-            m = _max(xr, 0, blank, m, acc)
-            m = _max(xr, blank + 1, V, m, acc)
+            m = _max(xr, 0, V, xr[0], acc)
             s = one - one
-            if write:  # exp(x - m) kept in the gradient's row: the backward only rescales it
-                og = go + b * gsb + t * gst + u * gsu
-                gr = g[og : og + V]
-                for c in range(blank):
-                    e = _exp(xr[c] - m)
-                    gr[c] = e
-                    s += e
-                for c in range(blank + 1, V):
-                    e = _exp(xr[c] - m)
-                    gr[c] = e
-                    s += e
+            og = go + b * gsb + t * gst + u * gsu
+            gr = g[og : og + V] if write else g[0:0]
+            if not xr[blank] >= m:
+                # The max is a label's (or the row holds NaN): one loop over the whole
+                # row, then the blank's term taken out. Exact enough: the labels' sum is
+                # >= 1 (the max's term) and the blank's term < 1, so the subtraction
+                # loses at most a bit.
+                if write:  # exp(x - m) kept in the gradient's row: the backward rescales it
+                    for c in range(V):
+                        e = _exp(xr[c] - m)
+                        gr[c] = e
+                        s += e
+                    s -= gr[blank]
+                else:
+                    for c in range(V):
+                        s += _exp(xr[c] - m)
+                    s -= _exp(xr[blank] - m)
             else:
-                for c in range(blank):
-                    s += _exp(xr[c] - m)
-                for c in range(blank + 1, V):
-                    s += _exp(xr[c] - m)
-            rm[b, t, u] = m
+                # The blank is the max: shift by the labels' own max instead, so that
+                # their sum neither underflows nor needs the blank's term removed.
+                m = xr[1] if blank == 0 else xr[0]
+                m = _max(xr, 0, blank, m, acc)
+                m = _max(xr, blank + 1, V, m, acc)
+                if write:
+                    for c in range(blank):
+                        e = _exp(xr[c] - m)
+                        gr[c] = e
+                        s += e
+                    for c in range(blank + 1, V):
+                        e = _exp(xr[c] - m)
+                        gr[c] = e
+                        s += e
+                else:
+                    for c in range(blank):
+                        s += _exp(xr[c] - m)
+                    for c in range(blank + 1, V):
+                        s += _exp(xr[c] - m)
             rs[b, t, u] = s
             zb = np.float64(xr[blank])
             ab[b, t, u] = _logsigmoid(zb)
@@ -192,10 +210,9 @@ def forward(x: torch.Tensor, labels: torch.Tensor, blank: int, plan: Plan, write
     per-row label sums, and with ``write`` the gradient's buffer holding ``exp(x - m)`` on
     the labels of every row read (zero on the rows not read)."""
     B, T, U1, V = x.shape
-    ab = torch.full((B, T, U1), float("-inf"), dtype=torch.float64)
-    ae = torch.full((B, T, U1), float("-inf"), dtype=torch.float64)
-    rm = torch.zeros((B, T, U1), dtype=x.dtype)
-    rs = torch.zeros((B, T, U1), dtype=x.dtype)
+    arcs = torch.full((2, B, T, U1), float("-inf"), dtype=torch.float64)
+    ab, ae = arcs[0], arcs[1]
+    rs = torch.empty((B, T, U1), dtype=x.dtype)  # read back only where written
     g = None
     if write:
         g = torch.zeros_like(x) if plan.padded else torch.empty_like(x)
@@ -206,8 +223,8 @@ def forward(x: torch.Tensor, labels: torch.Tensor, blank: int, plan: Plan, write
     gst = g.stride() if g is not None else (0, 0, 0, 1)
     sb, st, su, _ = x.stride()
     args = (xf, xo, sb, st, su, gf, go, gst[0], gst[1], gst[2], write, V, blank, plan.jb,
-            plan.jt0, plan.jt1, plan.Ub, labels.numpy(), ab.numpy(), ae.numpy(), rm.numpy(),
-            rs.numpy(), _one(x))
+            plan.jt0, plan.jt1, plan.Ub, labels.numpy(), ab.numpy(), ae.numpy(), rs.numpy(),
+            _one(x))
     run_jobs(_forward_job, args, range(len(plan.cost)), plan.cost)
     return ab, ae, rs, g
 
