@@ -318,3 +318,15 @@ def test_dominant_blank_or_label(dtype, backend):
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(v.double(), ref_v, atol=tol, rtol=tol)
     torch.testing.assert_close(g.double(), ref_g, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean_volume"])
+def test_empty_batch(backend, reduction):
+    x = torch.randn(0, 3, 3, 5, requires_grad=True)
+    loss = hat_loss(x, torch.zeros(0, 2, dtype=torch.long), [], [], reduction=reduction,
+                    backend=backend)
+    assert loss.shape == ((0,) if reduction == "none" else ())
+    assert torch.isfinite(loss).all() and (loss == 0).all()
+    loss.sum().backward()
+    assert x.grad.shape == x.shape
