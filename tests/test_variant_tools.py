@@ -379,3 +379,43 @@ def test_demo_reports_tdt_steps(tmp_path):
     text = console.export_text()
     assert "TDT loss (per label) falling" in text and "steps per frame" in text
     assert "TDT decodes in" in text and "where RNN-T takes" in text
+
+
+# ------------------------------------------------------------------ HAT through the registry
+def test_hat_registry_entry_and_cli_choice():
+    fam = registry.family("hat")
+    assert fam.loss_fn() is seqloss.hat_loss and fam.input_name == "logits"
+    assert fam.diagnose_fn().__name__ == "_diagnose_hat"
+    mod = fam.bench_module()
+    assert {"seqloss hat", "seqloss rnnt_loss"} <= set(mod.implementations())
+    assert "hat" in KINDS and "hat" in bench.LOSSES
+    p = cli.build_parser()
+    sub = next(a for a in p._actions if a.dest == "command")
+    loss = next(a for a in sub.choices["bench"]._actions if a.dest == "loss")
+    assert "hat" in loss.choices
+
+
+def test_diagnose_hat_against_brute_force():
+    from seqloss.testing.oracles import brute_force_lattice
+
+    g = torch.Generator().manual_seed(5)
+    B, T, U, V = 3, 4, 2, 6
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    x[1, 2, 1, 0] = NAN  # a label class read by sequence 1
+    x[0, 3, 0, 2] = NAN  # past sequence 0's 3 frames: never read
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    il, tl = torch.tensor([3, 4, 0]), torch.tensor([2, 1, 2])
+    r = seqloss.diagnose("hat", x, tg, il, tl)
+    # The oracle: HAT's arcs written out here, every path listed.
+    zb = x[..., V - 1]
+    lab = torch.log_softmax(x[..., : V - 1], -1) + torch.nn.functional.logsigmoid(-zb)[..., None]
+    ab = torch.nn.functional.logsigmoid(zb)[..., None]
+    ae = lab.gather(-1, torch.cat([tg, tg[:, :1]], 1)[:, None, :, None].expand(B, T, U + 1, 1))
+    want0 = -float(brute_force_lattice(ab[0], ae[0], 3, 2, (1,), (0,)))
+    s0, s1, s2 = r.sequences
+    assert s0.status == "ok" and s0.loss == pytest.approx(want0, rel=1e-10)
+    assert s0.min_log_prob == pytest.approx(float(torch.minimum(
+        lab[0, :3].min(), ab[0, :3].min())), rel=1e-12)
+    assert s1.status == "nonfinite" and (s1.nonfinite.frame, s1.nonfinite.u) == (2, 1)
+    assert s2.status == "infeasible" and s2.loss == INF and s2.grad_max == 0.0
+    assert r.kind == "hat" and r.blank == V - 1

@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="diagnose a saved batch: feasibility, non-finite inputs, loss, gradients",
         description="FILE is a torch.save'd dict of a loss's arguments, e.g. {'kind': 'ctc', "
         "'log_probs': ..., 'targets': ..., 'input_lengths': ..., 'target_lengths': ..., "
-        "'blank': 0} (kind 'rnnt': logits, targets, logit_lengths, target_lengths, blank; "
+        "'blank': 0} (kind 'rnnt' or 'hat': logits, targets, logit_lengths, target_lengths, blank; "
         "kind 'multiblank': the same and big_blank_durations; kind 'tdt': the same and "
         "durations, logits concatenated or a (token_logits, duration_logits) pair; kind "
         "'pruned': logits, symbols, ranges, termination_symbol and optionally boundary, "

@@ -287,7 +287,7 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
 
     Args:
         kind: ``"ctc"`` (arguments of :func:`seqloss.ctc_loss`), ``"rnnt"``
-            (:func:`seqloss.rnnt_loss`), ``"multiblank"``
+            (:func:`seqloss.rnnt_loss`), ``"hat"`` (:func:`seqloss.hat_loss`), ``"multiblank"``
             (:func:`seqloss.multiblank_rnnt_loss`, with its ``big_blank_durations``)
             or ``"tdt"`` (:func:`seqloss.tdt_loss`, with its ``durations``; the
             logits concatenated or as the pair ``(token_logits, duration_logits)``).
@@ -413,6 +413,20 @@ def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     return _diagnose_joint("rnnt", a, [x], loss, [grad], blank, fused)
 
 
+def _diagnose_hat(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
+    V = x.shape[-1]
+    blank = int(a.get("blank", -1))
+    blank = blank + V if blank < 0 else blank
+    # HAT's own normalization: logsigmoid for the blank, logsigmoid(-z_blank) plus a
+    # log-softmax over the other classes for the labels.
+    z = x.double()
+    zb = z[..., blank : blank + 1]
+    labels = torch.cat([z[..., :blank], z[..., blank + 1 :]], -1)
+    lab = torch.nn.functional.logsigmoid(-zb) + torch.log_softmax(labels, -1)
+    lp = torch.cat([lab[..., :blank], torch.nn.functional.logsigmoid(zb), lab[..., blank:]], -1)
+    return _diagnose_joint("hat", a, [x], loss, [grad], blank, True, log_probs=[lp])
+
+
 def _diagnose_multiblank(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     V = x.shape[-1]
     blank = int(a.get("blank", -1))
@@ -459,16 +473,18 @@ def _nonzero(extra: dict[str, Any], a: dict, *names: str) -> None:
 
 
 def _diagnose_joint(kind: str, a: dict, parts: list[Tensor], loss: Tensor, grads: list[Tensor],
-                    blank: int, fused: bool, extra: dict[str, Any] | None = None) -> Diagnosis:
+                    blank: int, fused: bool, extra: dict[str, Any] | None = None,
+                    log_probs: list[Tensor] | None = None) -> Diagnosis:
     """A transducer on the full joint: ``parts`` are its class blocks (``(B, T, U+1, C_i)``
-    each: the logits, or TDT's token and duration logits), ``grads`` their gradients."""
+    each: the logits, or TDT's token and duration logits), ``grads`` their gradients;
+    ``log_probs`` the blocks' normalized log-probabilities (default: log-softmax)."""
     x = parts[0]
     device = x.device
     B = x.shape[0]
     zero_inf = checks.flag(a.get("zero_infinity", False), "zero_infinity")
     tl_ = checks.as_index_tensor(a["logit_lengths"], "logit_lengths", device).cpu().reshape(-1)
     ul_ = checks.as_index_tensor(a["target_lengths"], "target_lengths", device).cpu().reshape(-1)
-    lps = [torch.log_softmax(p.double(), dim=-1) if fused else p for p in parts]
+    lps = log_probs or [torch.log_softmax(p.double(), dim=-1) if fused else p for p in parts]
     widths = [p.shape[-1] for p in parts]
     tol = _NORM_TOL[x.dtype]
     seqs = []

@@ -60,6 +60,9 @@ FAMILIES: dict[str, Family] = {
                "seqloss.diagnose:_diagnose_multiblank", "seqloss.bench.multiblank", "joint"),
         Family("tdt", "seqloss.transducer.tdt:tdt_loss", "logits",
                "seqloss.diagnose:_diagnose_tdt", "seqloss.bench.tdt", "joint"),
+        # The hybrid autoregressive transducer: its arcs by row passes, the RNN-T lattice.
+        Family("hat", "seqloss.transducer.hat:hat_loss", "logits",
+               "seqloss.diagnose:_diagnose_hat", "seqloss.bench.hat", "lattice"),
         # k2's pruned RNN-T (with its simple loss: seqloss.bench.pruned times the pipeline)
         Family("pruned", "seqloss.transducer.factored.api:rnnt_loss_pruned", "logits",
                "seqloss.transducer.factored.diagnose_hook:diagnose_pruned",
