@@ -196,11 +196,26 @@ def test_dtypes(dtype):
                                rtol=0)
 
 
-def test_gradcheck_float64():
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+def test_gradcheck_float64(backend):
     x, y, il, tl = _case(B=2, T=3, U=2, V=4, seed=3)
     x.requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda x: hat_loss(x, y, il, tl, reduction="none", delay_penalty=0.3), (x,))
+        lambda x: hat_loss(x, y, il, tl, reduction="none", delay_penalty=0.3, backend=backend),
+        (x,))
+
+
+def test_no_subnormal_gradient():
+    """A float32 gradient entry below the smallest normal is flushed to 0 (a matmul reading
+    subnormals downstream runs many times slower); the rest is untouched."""
+    x, y, il, tl = _case(B=2, T=4, U=3, V=6, seed=10, dtype=torch.float32)
+    x[..., 1] -= 84.0  # exp(-84) ~ 3e-37, times an occupation below 1e-1: subnormal
+    v, g = _run(x, y, il, tl, reduction="sum", backend="numba")
+    tiny = torch.finfo(torch.float32).tiny
+    assert not ((g != 0) & (g.abs() < tiny)).any()
+    ref_v, ref_g = _oracle(x, y, il, tl, reduction="sum")
+    assert ((ref_g != 0) & (ref_g.abs() < tiny)).any()  # the case has some to flush
+    torch.testing.assert_close(g.double(), ref_g, atol=1e-6, rtol=1e-5)
 
 
 class _Joint(torch.nn.Module):

@@ -3,20 +3,22 @@ r"""HAT's passes over the logits on CPU, one row at a time in Numba.
 Torch's ops make about ten passes over a tile for HAT's arcs and their gradient
 (``index_fill``, ``amax``, ``sub``, ``exp``, ``sum``, ...; 25x the fused RNN-T loss's
 time at B=8, T=150, U=40, V=1024). Here each row (the ``V`` logits of one ``(t, u)``
-state, in L1) is read once in the forward pass and once in the backward:
+state, in L1) is read once, as ``seqloss.transducer.joint.numba_rows`` does for RNN-T:
 
-- forward: over the labels (every class but the blank) the maximum ``m`` and
-  ``s = sum exp(x - m)``, kept per row; the arcs, in float64,
-  ``blank = logsigmoid(z_blank)``, ``emit = logsigmoid(-z_blank) + z_y - m - log s``;
-- backward: the gradient of the sequence's loss, ``exp(x_c - m) occ_emit / s`` on the
-  labels minus ``occ_emit`` at the next label, ``-occ_blank sigmoid(-z_blank) + occ_emit
-  sigmoid(z_blank)`` at the blank, then the clamp and the sequence's factor, written once.
+- forward: the shift ``m`` and ``s = sum exp(x - m)`` over the labels (every class but
+  the blank), ``exp(x - m)`` written into the gradient's buffer, and the arcs in
+  float64, ``blank = logsigmoid(z_blank)``, ``emit = logsigmoid(-z_blank) + z_y - m -
+  log s``;
+- backward, in place in that buffer: ``exp(x_c - m) occ_emit / s`` on the labels minus
+  ``occ_emit`` at the next label, ``-occ_blank sigmoid(-z_blank) + occ_emit
+  sigmoid(z_blank)`` at the blank, then the clamp and the sequence's factor (subnormal
+  products flushed to 0).
 
-Rows are addressed in flat views of the storage with the tensors' own strides (unit
-stride along the classes). Jobs are blocks of frames of one sequence on the shared pool
-(``seqloss._core.numba_pool``), each writing only its own rows (deterministic). A NaN or
-``+inf`` in a row makes its sum, hence its arcs, NaN (the lattice then poisons the
-sequence).
+Rows are addressed by row slices of flat views of the storage, with the tensors' own
+strides (unit stride along the classes). Jobs are blocks of frames of one sequence on
+the shared pool (``seqloss._core.numba_pool``), each writing only its own rows
+(deterministic). A NaN or ``+inf`` in a row makes its sum, hence its arcs, NaN (the
+lattice then poisons the sequence).
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ def _forward_job(x, xo, xsb, xst, xsu, g, go, gsb, gst, gsu, write, V, blank, jb
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _backward_job(x, xo, xsb, xst, xsu, g, go, gsb, gst, gsu, V, blank, jb, jt0, jt1, Ub, lab,
-                  rs, ob, oe, emit_scale, clamp, factor, one, job):
+                  rs, ob, oe, emit_scale, clamp, factor, one, tiny, job):
     """``g`` holds ``exp(x - m)`` on the labels' entries of each row read (the forward's)."""
     b = jb[job]
     ub = Ub[b]
@@ -142,19 +144,22 @@ def _backward_job(x, xo, xsb, xst, xsu, g, go, gsb, gst, gsu, V, blank, jb, jt0,
             vy = 0.0
             if u < ub:  # the next label: its softmax times occ_e, minus occ_e
                 vy = np.float64(gr[lab[b, u]]) * k - occ_e
+            # Products below the smallest normal number are flushed to 0: a matmul reading
+            # subnormals (the joint's backward) runs many times slower on x86.
             if clamp > 0:
                 kx = one * k
                 cx = one * clamp
                 fx = one * f
                 for c in range(V):
                     v = gr[c] * kx
-                    v = min(max(v, -cx), cx)
-                    gr[c] = v * fx
+                    v = min(max(v, -cx), cx) * fx
+                    gr[c] = v if abs(v) >= tiny else v * 0
                 vy = min(max(vy, -clamp), clamp)
             else:
                 kf = one * (k * f)
                 for c in range(V):
-                    gr[c] = gr[c] * kf
+                    v = gr[c] * kf
+                    gr[c] = v if abs(v) >= tiny else v * 0
             if u < ub:
                 gr[lab[b, u]] = vy * f
             zb = np.float64(x[xo + b * xsb + t * xst + u * xsu + blank])
@@ -243,6 +248,6 @@ def backward(x: torch.Tensor, labels: torch.Tensor, blank: int, plan: Plan, rs: 
             plan.jt1, plan.Ub, labels.numpy(), rs.numpy(),
             ob.detach().double().contiguous().numpy(), oe.detach().double().contiguous().numpy(),
             float(emit_scale), float(clamp), factor.detach().double().contiguous().numpy(),
-            _one(x))
+            _one(x), _one(x) * np.finfo(_one(x).dtype).tiny)
     run_jobs(_backward_job, args, range(len(plan.cost)), plan.cost)
     return g
