@@ -38,6 +38,9 @@ SCRIPT = textwrap.dedent(
     from torch.utils.data import DataLoader, Dataset
 
     import seqloss
+    from seqloss._core.distributed import distributed_mean
+    from seqloss.transducer.arc_logprobs import transducer_arc_logprobs
+    from seqloss.transducer.hat import hat_loss, hat_loss_from_joint
 
     BK = "numba"
     SEEDS = [0, 1, 2, 3]
@@ -130,6 +133,21 @@ SCRIPT = textwrap.dedent(
         out["from_joint"] = _grad(lambda y: seqloss.rnnt_loss_from_joint(
             y, pred, lambda e, p: e[:, :, None] + p[:, None], tg, il, tl, blank=0,
             reduction="none", backend=BK), enc)
+        # HAT: its Numba row passes (CPU logits) and the lattice's kernels.
+        out["hat"] = _grad(lambda y: hat_loss(y, tg, il, tl, blank=0, clamp=0.5,
+                                              reduction="none", delay_penalty=0.1,
+                                              backend=BK), x)
+        out["hat_from_joint"] = _grad(lambda y: hat_loss_from_joint(
+            y, pred, lambda e, p: e[:, :, None] + p[:, None], tg, il, tl, blank=0,
+            reduction="none", backend=BK), enc)
+        out["arc_logprobs"] = _grad(lambda y: torch.stack(
+            transducer_arc_logprobs(y, tg, il, tl, blank=0)).nan_to_num(neginf=0.0), x)
+        out["pruned_hat"] = _grad(lambda y: seqloss.rnnt_loss_pruned(
+            y, tg, rng, 0, reduction="none", use_hat_loss=True, backend=BK), amp + lmp)
+        out["rnnt_delay_penalty"] = _grad(lambda y: seqloss.rnnt_loss(
+            y, tg, il, tl, blank=0, reduction="none", delay_penalty=0.2, backend=BK), x)
+        out["distributed_mean"] = _grad(lambda y: distributed_mean(seqloss.rnnt_loss(
+            y, tg, il, tl, blank=0, reduction="none", backend=BK), tl), x)
         return out
 
 
