@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import seqloss
 from seqloss._core.distributed import distributed_mean
 from seqloss.transducer.arc_logprobs import transducer_arc_logprobs
-from seqloss.transducer.hat import hat_loss
+from seqloss.transducer.hat import hat_loss, hat_loss_from_joint
 
 BACKENDS = ["reference"] + (["numba"] if importlib.util.find_spec("numba") else [])
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
@@ -155,6 +155,40 @@ def test_hat_loss_against_path_sum_oracle(batch, dp, clamp, backend, layout):
     if clamp > 0:  # elementwise on each sequence's gradient (its incoming gradient is 1)
         gw = gw.clamp(-clamp, clamp)
     _check_loss_and_grad(got.detach(), gx, want, gw, read, x.dtype)
+
+
+def _joint(e, p):
+    return torch.tanh(e[:, :, None] + p[:, None]) * 4
+
+
+@PROPS
+@given(batch=batches(), dp=st.sampled_from([0.0, 0.7]), chunk=st.sampled_from([None, 5]),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_hat_loss_from_joint_against_path_sum_oracle(batch, dp, chunk, dtype):
+    _, tg, il, tl, blank, _ = batch
+    B, U1, V = tg.shape[0], tg.shape[1] + 1, batch[0].shape[-1]
+    T = batch[0].shape[1]
+    g = torch.Generator().manual_seed(int(il.sum() * 7 + tl.sum()))
+    e = torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    p = torch.randn(B, U1, V, generator=g, dtype=torch.float64)
+    t_pad = torch.arange(T)[None, :] >= il[:, None]
+    u_pad = torch.arange(U1)[None, :] > tl[:, None]
+    # The joint never sees padding: NaN there must reach neither the loss nor a gradient.
+    e = e.masked_fill(t_pad[..., None], float("nan")).to(dtype).requires_grad_()
+    p = p.masked_fill(u_pad[..., None], float("nan")).to(dtype).requires_grad_()
+    got = hat_loss_from_joint(e, p, _joint, tg, il, tl, blank=blank, reduction="none",
+                              delay_penalty=dp, chunk_elements=chunk)
+    ge, gp = torch.autograd.grad(got.sum(), (e, p))
+    er = e.detach().double().nan_to_num(0.0).requires_grad_()
+    pr = p.detach().double().nan_to_num(0.0).requires_grad_()
+    want = _hat_oracle(_joint(er, pr), tg, il, tl, blank, dp)
+    we, wp = torch.autograd.grad(want.sum(), (er, pr))
+    vt = _tol(dtype)[0]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.detach().double(), want.detach(), rtol=vt, atol=vt)
+    assert torch.all(ge[t_pad] == 0) and torch.all(gp[u_pad] == 0), "padding got a gradient"
+    torch.testing.assert_close(ge.double(), we, rtol=vt * 10, atol=vt * 10)
+    torch.testing.assert_close(gp.double(), wp, rtol=vt * 10, atol=vt * 10)
 
 
 @PROPS
