@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from numba import njit
 
+from .._core import buffers
 from .._core.numba_exp import vexp as _exp
 from .._core.numba_pool import own_lines, run_jobs
 
@@ -220,9 +221,13 @@ def forward(x: torch.Tensor, labels: torch.Tensor, blank: int, plan: Plan, write
     rs = torch.empty((B, T, U1), dtype=x.dtype)  # read back only where written
     g = None
     if write:
-        g = torch.zeros_like(x) if plan.padded else torch.empty_like(x)
+        # Reused memory (seqloss._core.buffers): a fresh logits-sized buffer costs a page
+        # fault per 4 KiB, more than the row passes' own writes.
+        g = buffers.empty(x.shape, x.dtype, like=x)
         if g.stride(-1) != 1:
-            g = (torch.zeros if plan.padded else torch.empty)(x.shape, dtype=x.dtype)
+            g = buffers.empty(x.shape, x.dtype)
+        if plan.padded:
+            g.zero_()
     xf, xo = _flat(x)
     gf, go = _flat(g) if g is not None else (np.zeros(1, dtype=xf.dtype), 0)
     gst = g.stride() if g is not None else (0, 0, 0, 1)
