@@ -345,3 +345,16 @@ def test_empty_batch(backend, reduction):
     assert torch.isfinite(loss).all() and (loss == 0).all()
     loss.sum().backward()
     assert x.grad.shape == x.shape
+
+
+@pytest.mark.parametrize("backend,reduction", [("reference", "none"), ("numba", "mean_volume")])
+def test_opcheck(backend, reduction):
+    """``hat_loss`` is the op ``seqloss::hat_loss``: schema, fake kernel, autograd."""
+    from seqloss.transducer.hat import hat_loss_op
+
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    tg = torch.tensor([[0, 1], [2, 3]])
+    il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
+    args = (x, tg, il, tl, 4, 0.5, 0.1, 0.3, reduction, False, 1 << 20, backend, True, True)
+    torch.library.opcheck(hat_loss_op, args)

@@ -151,7 +151,7 @@ CASES = {f.__name__[1:]: f for f in (_ctc, _ctc_fused, _rnnt, _packed, _multibla
                                      _arc_logprobs, _distributed_mean)}
 # Eager by design: the joint is re-run in the backward (the from-joint losses), the rows
 # are recomputed by tiles (HAT, arc log-probabilities), or a collective runs (distributed_mean).
-GRAPH_BREAKS = {"from_joint", "hat_from_joint", "hat", "arc_logprobs", "distributed_mean"}
+GRAPH_BREAKS = {"from_joint", "hat_from_joint", "arc_logprobs", "distributed_mean"}
 
 
 def _x(dtype=torch.float32):
@@ -277,15 +277,6 @@ LEAF_CASES = {
 }
 # torch.func cannot trace a backward that re-runs the joint: these raise a clear error.
 FUNC_UNSUPPORTED = ("from_joint", "hat_from_joint")
-# torch.func.grad must either work or say it is unsupported (NotImplementedError naming
-# torch.func); these raise torch's generic "must override the setup_context staticmethod".
-FUNC_BUG = {n: pytest.mark.xfail(strict=True, raises=RuntimeError,
-                                 reason=f"{n}: its autograd.Function has no setup_context; "
-                                 "torch.func.grad raises torch's generic RuntimeError instead "
-                                 "of working or naming torch.func")
-            for n in ("hat", "arc_logprobs")}
-
-
 @pytest.mark.parametrize("name", list(LEAF_CASES))
 def test_leaf_grads_are_plain_and_survive_zeroing(name):
     leaves, f = LEAF_CASES[name]()
@@ -304,8 +295,7 @@ def test_leaf_grads_are_plain_and_survive_zeroing(name):
         torch.testing.assert_close(g1, g, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=FUNC_BUG.get(n, ()))
-                                  for n in LEAF_CASES if n not in FUNC_UNSUPPORTED])
+@pytest.mark.parametrize("name", [n for n in LEAF_CASES if n not in FUNC_UNSUPPORTED])
 def test_torch_func_grad_matches_autograd(name):
     leaves, f = LEAF_CASES[name]()
     rest = [x.detach() for x in leaves[1:]]
@@ -325,9 +315,6 @@ def test_torch_func_on_a_loss_from_the_joint_says_unsupported(name):
         torch.func.grad(lambda x: f(x, leaves[1].detach()))(leaves[0].detach())
 
 
-@pytest.mark.xfail(strict=True, raises=torch._dynamo.exc.Unsupported,
-                   reason="hat_loss is eager_only (a graph break under torch.compile), against "
-                   "API.md's 'every loss works under torch.compile without graph breaks'")
 def test_hat_loss_compiles_without_graph_break():
     torch._dynamo.reset()
     cf = torch.compile(CASES["hat"], backend="inductor", fullgraph=True)

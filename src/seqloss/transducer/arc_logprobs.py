@@ -78,6 +78,10 @@ class RowSpec:
     is_module: bool = False
     pads: list = field(default_factory=list)
     width: int = 0
+    # Optional closed-form vector-Jacobian product of ``fn``: ``vjp(rows, labels,
+    # grad_outs) -> row gradients``; without it the backward differentiates ``fn`` by
+    # autograd (which a torch.library op's implementation cannot use).
+    vjp: Callable | None = None
 
 
 def default_chunk(device: torch.device, chunk_elements: object) -> int:
@@ -168,6 +172,8 @@ def _tile_vjp(spec: RowSpec, xs: tuple[Tensor, ...], tile: tuple[int, ...],
               post: Post | None) -> tuple[Tensor | None, ...]:
     """The tile's gradient with respect to ``xs`` (acc dtype leaves), padding rows zeroed."""
     sl = _slices(tile)
+    if spec.vjp is not None:
+        return _tile_vjp_closed(spec, xs, tile, grad_outs, mask, post)
     with torch.enable_grad():
         o = _eval(spec, xs, tile)
         pairs = [(oi, g[sl]) for oi, g in zip(o, grad_outs, strict=True)
@@ -180,6 +186,26 @@ def _tile_vjp(spec: RowSpec, xs: tuple[Tensor, ...], tile: tuple[int, ...],
     for i, g in enumerate(gx):
         if g is not None:
             g = _masked(g, mask, 0.0)
+            if post is not None:
+                g = post(g, tile, i)
+        out.append(g)
+    return tuple(out)
+
+
+def _tile_vjp_closed(spec: RowSpec, xs: tuple[Tensor, ...], tile: tuple[int, ...],
+                     grad_outs: list[Tensor | None], mask: Tensor | None,
+                     post: Post | None) -> tuple[Tensor | None, ...]:
+    """``_tile_vjp`` by the spec's own ``vjp`` (no autograd)."""
+    b0, b1, t0, t1, u0, u1 = tile
+    sl = _slices(tile)
+    nb, nt, nu = xs[0].shape[:3]
+    lab = spec.labels[b0:b1, None, u0:u1].expand(nb, nt, nu).reshape(-1)
+    rows = tuple(x.detach().reshape(nb * nt * nu, x.shape[-1]) for x in xs)
+    gos = [None if g is None else g[sl].reshape(nb * nt * nu, *g.shape[4:]) for g in grad_outs]
+    out = []
+    for i, g in enumerate(spec.vjp(rows, lab, gos)):
+        if g is not None:
+            g = _masked(g.reshape(nb, nt, nu, -1), mask, 0.0)
             if post is not None:
                 g = post(g, tile, i)
         out.append(g)
@@ -357,11 +383,11 @@ class _JointRows(torch.autograd.Function):
         return (None, ge, gp, *gparams)
 
 
-def check_no_transforms(what: str) -> None:
+def check_no_transforms(what: str, why: str = "runs the joint network again") -> None:
     if torch._C._are_functorch_transforms_active():
         raise NotImplementedError(
-            f"seqloss: {what} does not support torch.func transforms (its backward runs the "
-            f"joint network again under autograd); use torch.autograd.grad")
+            f"seqloss: {what} does not support torch.func transforms (its backward {why} "
+            f"under autograd); use torch.autograd.grad")
 
 
 # --------------------------------------------------------------------------- the public functions
@@ -437,6 +463,7 @@ def transducer_arc_logprobs(
     chunk = default_chunk(device, chunk_elements)
     spec = make_spec(_token_rows(blank, V, D), _labels(padded, B, U1, device), il, tl, T, U1,
                      acc_dtype(tok.dtype), sum(x.shape[-1] for x in xs), chunk)
+    check_no_transforms("transducer_arc_logprobs", "recomputes each tile")
     outs = _Rows.apply(spec, *xs)
     return (outs[0], _emit_mask(outs[1], tl), *outs[2:])
 

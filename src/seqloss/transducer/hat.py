@@ -10,19 +10,22 @@ the labels being every class but the blank. Its arcs on the RNN-T lattice::
 
 (exact: ``log(1 - sigmoid(z)) = logsigmoid(-z)``, no ``log1p(-exp)`` cancellation).
 
-One ``autograd.Function``: the forward computes the arcs by tiles (``arc_logprobs``'s
-row driver: no logits-sized intermediate), runs the lattice (``transducer_lattice``'s
-kernels, RNN-T topology) for the losses and the arc occupations; the backward turns
-the occupations into each tile's gradient with respect to the logits (recomputed,
-the row function's vector-Jacobian product), clamps it (the per-sequence gradient,
-before any scaling: torchaudio's order), and scales it by the incoming gradient and
-the reduction's weight. From the joint, the tile's gradient is pushed through the
-joint as in ``from_joint.py``.
+The arcs are computed by tiles (``arc_logprobs``'s row driver, or the Numba row passes
+of ``hat_numba`` on CPU: no logits-sized intermediate), the lattice
+(``transducer_lattice``'s kernels, RNN-T topology) gives the losses and the arc
+occupations, and the occupations become each tile's gradient with respect to the logits
+(the row function's vector-Jacobian product in closed form, :func:`hat_vjp`), clamped
+(the per-sequence gradient, before any scaling: torchaudio's order) and scaled by the
+reduction's weight. On the full joint this is the op ``seqloss::hat_loss``, returning
+the loss and that gradient (multiplied by the incoming gradient in the backward, as the
+RNN-T op does). From the joint, an ``autograd.Function`` runs the same steps with the
+backward deferred, pushing each tile's gradient through the joint as ``from_joint.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +35,7 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import resolve_backend
 from .._core.module import LossModule
-from .._core.ops import _keep_graph
+from .._core.ops import _keep_graph, call_loss_op, conform_layout, grad_to_hand_on
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .arc_logprobs import (
@@ -65,6 +68,26 @@ def hat_rows(blank: int) -> RowFn:
         return F.logsigmoid(zb), F.logsigmoid(-zb) + x.gather(1, y[:, None])[:, 0] - z
 
     return fn
+
+
+def hat_vjp(blank: int):
+    """The vector-Jacobian product of :func:`hat_rows`, in closed form (no autograd):
+    ``d blank / d z_blank = 1 - s``, ``d emit / d z_blank = -s`` (``s = sigmoid(z_blank)``),
+    ``d emit / d z_c = [c = y] - softmax(z_labels)[c]`` for the labels ``c``."""
+
+    def vjp(xs: tuple[Tensor, ...], y: Tensor, gos: list[Tensor | None]) -> list[Tensor]:
+        x = xs[0]
+        gb, ge = (torch.zeros(x.shape[0], dtype=x.dtype, device=x.device) if g is None
+                  else g.to(x.dtype) for g in gos)
+        zb = x[:, blank]
+        s = torch.sigmoid(zb)
+        idx = torch.tensor([blank], device=x.device)
+        g = torch.softmax(x.index_fill(1, idx, float("-inf")), -1).mul_(-ge[:, None])
+        g.scatter_add_(1, y[:, None], ge[:, None])
+        g[:, blank] = gb * (1 - s) - ge * s
+        return [g]
+
+    return vjp
 
 
 @dataclass
@@ -101,76 +124,149 @@ def _losses(cfg: _Cfg, ab: Tensor, ae: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return loss, ob[..., 0], oe[..., 0]
 
 
+def _forward(st: object, cfg: _Cfg, inputs: tuple[Tensor, ...]) -> Tensor:
+    """The reduced loss; keeps on ``st`` what :func:`_backward` needs."""
+    spec = cfg.spec
+    st.stats = None
+    if cfg.joint:
+        st.states = []
+        st.autocast = _autocast_state()
+        ab, ae = joint_forward(spec, inputs[0], inputs[1], st.states)
+    elif cfg.rows is not None:
+        from . import hat_numba
+
+        ab, ae, rs, g = hat_numba.forward(inputs[0], spec.labels, cfg.blank, cfg.rows,
+                                          cfg.compute_grad)
+        st.stats = [rs, g]
+    else:
+        ab, ae = rows_forward(spec, inputs)
+    loss, ob, oe = _losses(cfg, ab, ae)
+    del ab, ae
+    B = loss.shape[0]
+    # w: d out / d loss_b (0 for a sequence zero_infinity zeroes)
+    out, w = finish(loss, loss.new_ones((B,)), cfg.reduction, cfg.zero_infinity,
+                    weights=weights(cfg.reduction, cfg.tl, loss), batch_dim=0)
+    st.w = w
+    st.occ = (ob, oe)
+    return out
+
+
+def _backward(st: object, cfg: _Cfg, inputs: tuple[Tensor, ...], grad_loss: Tensor,
+              needs: tuple[bool, ...], keep: bool) -> tuple[Tensor | None, ...]:
+    """The gradients with respect to ``inputs`` (``keep``: the graph is retained, so the
+    Numba path's buffer is copied, not rescaled in place)."""
+    if not cfg.compute_grad:
+        raise RuntimeError("seqloss: hat_loss was called without a gradient wanted")
+    ob, oe = st.occ
+    B = st.w.shape[0]
+    m = (grad_loss.expand(B) if grad_loss.dim() == 0 else grad_loss).to(ob.dtype)
+    m = m * st.w.to(ob.dtype)
+    scale = 1.0 + cfg.fastemit_lambda
+    clamp = cfg.clamp
+    if st.stats is not None:
+        from . import hat_numba
+
+        rs, g = st.stats
+        # The kernel rescales the forward's buffer in place: a retained graph keeps a
+        # copy; otherwise st lets go of it, so autograd takes it as the leaf's .grad
+        # without a copy.
+        if keep:
+            g = g.clone()
+        else:
+            st.stats = None
+        return (hat_numba.backward(inputs[0], cfg.spec.labels, cfg.blank, cfg.rows, rs, g, ob,
+                                   oe, scale, clamp, m),)
+    grad_outs = [-ob, -oe * scale if scale != 1.0 else -oe]
+
+    def post(g: Tensor, tile: tuple[int, ...], i: int) -> Tensor:
+        if clamp > 0:
+            g = g.clamp_(-clamp, clamp)
+        return g.mul_(m[tile[0]:tile[1], None, None, None])
+
+    if cfg.joint:
+        enc, pred, *params = inputs
+        ge, gp, gparams = joint_backward(cfg.spec, enc, pred, params, needs, st.states,
+                                         st.autocast, grad_outs, post)
+        return (ge, gp, *gparams)
+    return tuple(rows_backward(cfg.spec, inputs, grad_outs, needs, post))
+
+
 class _HAT(torch.autograd.Function):
+    """From the joint: the joint is re-run in the backward (eager by design)."""
+
     @staticmethod
     def forward(ctx, cfg: _Cfg, *inputs):
-        spec = cfg.spec
-        ctx.stats = None
-        if cfg.joint:
-            ctx.states = []
-            ctx.autocast = _autocast_state()
-            ab, ae = joint_forward(spec, inputs[0], inputs[1], ctx.states)
-        elif cfg.rows is not None:
-            from . import hat_numba
-
-            ab, ae, rs, g = hat_numba.forward(inputs[0], spec.labels, cfg.blank, cfg.rows,
-                                              cfg.compute_grad)
-            ctx.stats = [rs, g]
-        else:
-            ab, ae = rows_forward(spec, inputs)
-        loss, ob, oe = _losses(cfg, ab, ae)
-        del ab, ae
-        B = loss.shape[0]
-        # w: d out / d loss_b (0 for a sequence zero_infinity zeroes)
-        out, w = finish(loss, loss.new_ones((B,)), cfg.reduction, cfg.zero_infinity,
-                        weights=weights(cfg.reduction, cfg.tl, loss), batch_dim=0)
-        ctx.cfg, ctx.w = cfg, w
+        out = _forward(ctx, cfg, inputs)
+        ctx.cfg = cfg
         ctx.save_for_backward(*inputs)
-        ctx.occ = (ob, oe)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss):
-        cfg: _Cfg = ctx.cfg
-        if not cfg.compute_grad:
-            raise RuntimeError("seqloss: hat_loss was called without a gradient wanted")
-        inputs = ctx.saved_tensors
-        ob, oe = ctx.occ
-        B = ctx.w.shape[0]
-        m = (grad_loss.expand(B) if grad_loss.dim() == 0 else grad_loss).to(ob.dtype)
-        m = m * ctx.w.to(ob.dtype)
-        scale = 1.0 + cfg.fastemit_lambda
-        clamp = cfg.clamp
-        if ctx.stats is not None:
-            from . import hat_numba
+        return (None, *_backward(ctx, ctx.cfg, ctx.saved_tensors, grad_loss,
+                                 ctx.needs_input_grad[1:], _keep_graph()))
 
-            rs, g = ctx.stats
-            # The kernel rescales the forward's buffer in place: a retained graph keeps a
-            # copy; otherwise ctx lets go of it, so autograd takes it as the leaf's .grad
-            # without a copy.
-            if _keep_graph():
-                g = g.clone()
-            else:
-                ctx.stats = None
-            g = hat_numba.backward(inputs[0], cfg.spec.labels, cfg.blank, cfg.rows, rs, g, ob, oe,
-                                   scale, clamp, m)
-            return None, g
-        grad_outs = [-ob, -oe * scale if scale != 1.0 else -oe]
 
-        def post(g: Tensor, tile: tuple[int, ...], i: int) -> Tensor:
-            if clamp > 0:
-                g = g.clamp_(-clamp, clamp)
-            return g.mul_(m[tile[0]:tile[1], None, None, None])
+# --------------------------------------------------------------------------- the op
+def hat_loss_impl(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target_lengths: Tensor,
+                  blank: int, clamp: float, fastemit_lambda: float, delay_penalty: float,
+                  reduction: str, zero_infinity: bool, chunk: int, backend: str,
+                  compute_grad: bool, validate: bool) -> tuple[Tensor, Tensor]:
+    """HAT's reduced loss and its gradient (the reduction's weights included; empty
+    unless ``compute_grad``): the value checks, the arcs, the lattice, the gradient."""
+    il, tl = logit_lengths, target_lengths
+    padded = transducer_values(logits, targets, il, tl, blank, validate=validate)
+    B, T, U1, V = logits.shape
+    spec = make_spec(hat_rows(blank), _labels(padded, B, U1, logits.device), il, tl, T, U1,
+                     acc_dtype(logits.dtype), V, chunk)
+    spec.vjp = hat_vjp(blank)
+    cfg = _Cfg(spec, False, il, tl, clamp, fastemit_lambda, delay_penalty, reduction,
+               zero_infinity, backend, compute_grad, blank)
+    if backend == "numba":
+        from . import hat_numba
 
-        if cfg.joint:
-            enc, pred, *params = inputs
-            ge, gp, gparams = joint_backward(cfg.spec, enc, pred, params,
-                                             ctx.needs_input_grad[1:], ctx.states, ctx.autocast,
-                                             grad_outs, post)
-            return (None, ge, gp, *gparams)
-        grads = rows_backward(cfg.spec, inputs, grad_outs, ctx.needs_input_grad[1:], post)
-        return (None, *grads)
+        if hat_numba.usable(logits):
+            cfg.rows = hat_numba.Plan(spec.Tl, spec.Ul, T, U1)
+    st = SimpleNamespace()
+    out = _forward(st, cfg, (logits,)).to(acc_dtype(logits.dtype))
+    if not compute_grad:
+        return out, logits.new_empty((0,))
+    (grad,) = _backward(st, cfg, (logits,), torch.ones((), dtype=out.dtype, device=out.device),
+                        (True,), keep=False)
+    return out, conform_layout(grad, logits)
+
+
+hat_loss_op = torch.library.custom_op("seqloss::hat_loss", hat_loss_impl, mutates_args=())
+
+
+@hat_loss_op.register_fake
+def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda,
+      delay_penalty, reduction, zero_infinity, chunk, backend, compute_grad, validate):
+    shape = (logit_lengths.shape[0],) if reduction == "none" else ()
+    loss = logits.new_empty(shape, dtype=acc_dtype(logits.dtype))
+    grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
+    return loss, grad
+
+
+def _hat_setup(ctx, inputs, output):
+    ctx.set_materialize_grads(False)  # the gradient output takes no incoming gradient
+    ctx.compute_grad = inputs[-2]
+    ctx.validate = inputs[-1]
+    ctx.save_for_backward(output[1])
+
+
+def _hat_backward(ctx, grad_loss, _):
+    nones = (None,) * 13
+    if grad_loss is None:
+        return (None, *nones)
+    if not ctx.compute_grad:
+        raise RuntimeError("seqloss: hat_loss was called without a gradient wanted")
+    (grad,) = ctx.saved_tensors
+    return (grad_to_hand_on(grad, grad_loss, 0, ctx.validate), *nones)
+
+
+hat_loss_op.register_autograd(_hat_backward, setup_context=_hat_setup)
 
 
 def _options(clamp: object, reduction: object, fastemit_lambda: object, delay_penalty: object,
@@ -209,19 +305,12 @@ def hat_loss(
                                           packed=False)
     name = resolve_backend(backend, logits.device)
     chunk = default_chunk(logits.device, chunk_elements)
-    padded = transducer_values(logits, tg, il, tl, blank, validate=validate)
-    B, T, U1, V = logits.shape
-    spec = make_spec(hat_rows(blank), _labels(padded, B, U1, logits.device), il, tl, T, U1,
-                     acc_dtype(logits.dtype), V, chunk)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    cfg = _Cfg(spec, False, il, tl, clamp, lam, dp, reduction, zero_infinity, name, compute_grad,
-               blank)
-    if name == "numba":
-        from . import hat_numba
-
-        if hat_numba.usable(logits):
-            cfg.rows = hat_numba.Plan(spec.Tl, spec.Ul, T, U1)
-    return _finish_dtype(_HAT.apply(cfg, logits), logits.dtype)
+    # The op while tracing; eagerly its implementation behind a plain autograd.Function
+    # (torch.func included), as every loss op here.
+    loss, _ = call_loss_op(hat_loss_op, hat_loss_impl, 0, None, logits, tg, il, tl, blank, clamp,
+                           lam, dp, reduction, zero_infinity, chunk, name, compute_grad, validate)
+    return loss
 
 
 _DOC_COMMON = r"""
@@ -244,9 +333,11 @@ _DOC_COMMON = r"""
 
     Memory: the arcs and occupations ``(B, T, U+1)`` and one tile of at most
     ``chunk_elements`` logits (``None``: ``2**20`` on CPU, ``2**24`` on CUDA); the
-    backward recomputes each tile, so the logits' gradient is the only logits-sized
-    allocation. Runs eagerly (a graph break under ``torch.compile``); double backward
-    raises.
+    logits' gradient is the only logits-sized allocation. ``hat_loss`` is the
+    ``torch.library`` op ``seqloss::hat_loss`` (``torch.compile`` with ``fullgraph=True``;
+    the gradient is formed in the forward pass, as ``rnnt_loss`` forms it);
+    ``hat_loss_from_joint`` runs eagerly (a graph break: it re-runs the joint in its
+    backward). Double backward raises.
 """
 
 hat_loss.__doc__ = r"""HAT loss on the full joint ``logits (B, T, U+1, V)``.
@@ -322,9 +413,8 @@ hat_loss_from_joint.__doc__ = r"""HAT loss from the joint network, never materia
     arguments as in :func:`hat_loss`.
 """ + _DOC_COMMON
 
-_EAGER = ("seqloss's HAT loss runs eagerly: its backward recomputes the arcs by tiles (and "
-          "re-runs the joint), which torch.compile cannot trace")
-hat_loss = eager_only(hat_loss, _EAGER)
+_EAGER = ("seqloss's HAT loss from the joint runs eagerly: its backward re-runs the joint, "
+          "which torch.compile cannot trace")
 hat_loss_from_joint = eager_only(hat_loss_from_joint, _EAGER)
 
 
