@@ -1,7 +1,8 @@
 """``transducer_lattice``'s eager CPU fast lane (``seqloss.transducer.lattice.fast``).
 
-The lane takes the common call (float32/float64 CPU arcs with a gradient wanted, int64
-CPU length tensors, the Numba backend); anything else takes the general path. Both must
+The lane, the op declaration's ``fast`` hook, takes the common call (float32/float64 CPU
+arcs with a gradient wanted, the Numba backend as dispatch resolved it); anything else
+takes the general path. Both must
 give the same bits, the same errors and the same autograd semantics; the general path is
 checked against brute force in ``test_lattice.py``.
 """
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import seqloss
-from seqloss.transducer.lattice import fast
+from seqloss.transducer.lattice import fast, op
 
 pytest.importorskip("numba")
 
@@ -29,15 +30,17 @@ def _inputs(B=3, T=6, U=3, bd=(1, 2), ed=(0, 1), seed=0, dtype=torch.float64):
 
 
 def _both(ab, ae, il, tl, bd, ed, can, weights=None):
-    """(ll, grads) through the lane and through the general path (lengths as lists)."""
+    """(ll, grads) through the lane (the public function) and through the declaration's
+    general path (its call ladder, which never tries the hook)."""
     out = []
     for lane in (True, False):
         a = ab.detach().clone().requires_grad_()
         e = ae.detach().clone().requires_grad_()
         if lane:
-            assert fast.lattice_fast(a, e, il, tl, bd, ed, can, "auto", True) is not None
-        lens = (il, tl) if lane else (il.tolist(), tl.tolist())
-        ll = seqloss.transducer_lattice(a, e, *lens, bd, ed, emit_can_end=can)
+            assert fast.lattice_fast(a, e, il, tl, bd, ed, can, "numba", True, True) is not None
+            ll = seqloss.transducer_lattice(a, e, il, tl, bd, ed, emit_can_end=can)
+        else:
+            ll = op.lattice_decl(a, e, il, tl, list(bd), list(ed), can, "numba", True, True)[0]
         w = torch.ones_like(ll) if weights is None else weights
         out.append((ll, torch.autograd.grad(ll, (a, e), w)))
     return out
@@ -65,21 +68,38 @@ def test_lane_poisons_like_the_general_path():
         assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
 
 
-def test_lane_is_taken_only_for_the_common_call(monkeypatch):
+def test_lane_is_taken_only_for_the_common_call():
     ab, ae, il, tl = _inputs()
     a, e = ab.clone().requires_grad_(), ae.clone().requires_grad_()
-    args = ((1, 2), (0, 1), False)
-    assert fast.lattice_fast(a, e, il, tl, *args, "auto", True) is not None
-    assert fast.lattice_fast(ab, ae, il, tl, *args, "auto", True) is None  # no gradient wanted
-    assert fast.lattice_fast(a, e, il.tolist(), tl, *args, "auto", True) is None
-    assert fast.lattice_fast(a, e, il.int(), tl, *args, "auto", True) is None
-    assert fast.lattice_fast(a.float(), e, il, tl, *args, "auto", True) is None  # mixed dtypes
-    assert fast.lattice_fast(a, e, il, tl, *args, "reference", True) is None
-    assert fast.lattice_fast(a, e, il, tl, (1, 0), (0, 1), False, "auto", True) is None
-    assert fast.lattice_fast(a, e, torch.tensor([7, 9, 0]), tl, *args, "auto", True) is None
-    for env, taken in (("reference", False), ("numba", True), ("auto", True), ("", True)):
+    args = (il, tl, (1, 2), (0, 1), False)
+    assert fast.lattice_fast(a, e, *args, "numba", True, True) is not None
+    assert fast.lattice_fast(a, e, *args, "numba", False, True) is None  # no gradient wanted
+    assert fast.lattice_fast(a.float(), e, *args, "numba", True, True) is None  # mixed dtypes
+    assert fast.lattice_fast(a, e, *args, "reference", True, True) is None
+    bad = torch.tensor([7, 9, 0])  # out of range: the general path raises the error
+    assert fast.lattice_fast(a, e, bad, tl, *args[2:], "numba", True, True) is None
+
+
+def test_lane_is_taken_through_dispatch(monkeypatch):
+    ab, ae, il, tl = _inputs()
+    a, e = ab.clone().requires_grad_(), ae.clone().requires_grad_()
+    taken = []
+
+    def spy(*args):
+        out = fast.lattice_fast(*args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(op.lattice_decl, "fast", spy)
+    for env, want in (("reference", False), ("numba", True), ("auto", True), ("", True)):
         monkeypatch.setenv("SEQLOSS_BACKEND", env)
-        assert (fast.lattice_fast(a, e, il, tl, *args, "auto", True) is not None) == taken, env
+        taken.clear()
+        seqloss.transducer_lattice(a, e, il, tl, (1, 2), (0, 1))
+        assert taken == [want], env
+    taken.clear()
+    g = torch.func.grad(lambda x: seqloss.transducer_lattice(x, ae, il, tl, (1, 2), (0, 1)).sum())
+    g(ab)
+    assert taken == []  # a functorch transform: the declaration's general path
 
 
 def test_lane_errors_name_the_argument():

@@ -9,11 +9,10 @@ from .._core import checks
 from .._core.dispatch import resolve_backend
 from .._core.errors import InputError
 from .._core.module import LossModule
-from .._core.ops import call_loss_op
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, transducer_inputs
 from .joint.table import multiblank_table
-from .op import table_loss_impl, table_loss_op
+from .op import table_loss_decl
 
 
 def check_big_blanks(big_blank_durations: object, blank: int, V: int) -> tuple[int, ...]:
@@ -63,9 +62,8 @@ def multiblank_rnnt_loss(
                              delay_penalty=delay_penalty)
     ints, floats = table.encode()
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, None, logits, tg, il, tl, ints,
-                           floats, True, reduction, zero_infinity, name, compute_grad,
-                           validate)
+    loss = table_loss_decl.value(logits, tg, il, tl, ints, floats, True, reduction,
+                                 zero_infinity, name, compute_grad, validate)
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss

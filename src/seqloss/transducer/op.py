@@ -7,7 +7,8 @@ from torch import Tensor
 
 from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module
-from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on
+from .._core.opdecl import OpDecl
+from .._core.ops import _acc_dtype, conform_layout
 from .._core.reduce import finish, grad_scale, weights
 from .checks import transducer_values
 from .joint.table import JointTable, rnnt_table
@@ -115,10 +116,6 @@ def table_loss_impl(
                            validate)
 
 
-table_loss_op = torch.library.custom_op("seqloss::transducer_joint_loss", table_loss_impl,
-                                        mutates_args=())
-
-
 def _transducer_fake(logits: Tensor, logit_lengths: Tensor, reduction: str,
                      compute_grad: bool) -> tuple[Tensor, Tensor]:
     shape = (logit_lengths.shape[0],) if reduction == "none" else ()
@@ -127,51 +124,30 @@ def _transducer_fake(logits: Tensor, logit_lengths: Tensor, reduction: str,
     return loss, grad
 
 
-def _transducer_setup(ctx, inputs, output):
-    # The gradient output gets no incoming gradient: do not let autograd materialize
-    # a logits-sized tensor of zeros for it (a whole extra allocation and fill).
-    ctx.set_materialize_grads(False)
-    ctx.packed = inputs[0].dim() == 2
-    ctx.compute_grad = inputs[-2]
-    ctx.validate = inputs[-1]
-    ctx.save_for_backward(output[1], inputs[2], inputs[3])
-
-
-@table_loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
-      fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):
+def _table_fake(logits, targets, logit_lengths, target_lengths, table_ints, table_floats,
+                fused_log_softmax, reduction, zero_infinity, backend, compute_grad, validate):
     return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
-table_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 11),
-                                setup_context=_transducer_setup)
-
-
-def _transducer_backward(ctx, grad_loss, n_nones: int):
-    grad, logit_lengths, target_lengths = ctx.saved_tensors
-    nones = (None,) * n_nones
-    if grad_loss is None:  # only the (non-differentiable) gradient output was used
-        return (None, *nones)
-    if not ctx.compute_grad:
-        raise RuntimeError("seqloss: a transducer loss was called with compute_grad=False")
-    B = logit_lengths.shape[0]
-    return (grad_to_hand_on(
-        grad, grad_loss, 0, ctx.validate,
-        lambda g: _batch_scale(g, B, ctx.packed, logit_lengths, target_lengths, grad.shape[0]),
-    ), *nones)
-
-
-rnnt_loss_op = torch.library.custom_op("seqloss::rnnt_loss", rnnt_loss_impl, mutates_args=())
-
-
-@rnnt_loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
-      fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):
+def _rnnt_fake(logits, targets, logit_lengths, target_lengths, blank, clamp, fused_log_softmax,
+               fastemit_lambda, reduction, zero_infinity, backend, compute_grad, validate):
     return _transducer_fake(logits, logit_lengths, reduction, compute_grad)
 
 
-rnnt_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 12),
-                               setup_context=_transducer_setup)
+def per_row(grad_loss: Tensor, grads: tuple[Tensor, ...], lengths: tuple[Tensor, ...]) -> Tensor:
+    """The incoming gradient per batch item, or per row of the packed layout (``grads``
+    2-D). ``lengths``: the op's ``(logit_lengths, target_lengths)``."""
+    g = grads[0]
+    return _batch_scale(grad_loss, lengths[0].shape[0], g.dim() == 2, *lengths, g.shape[0])
+
+
+# The losses of the joint: ``rest`` (after the logits) holds the lengths at 1 and 2.
+table_loss_decl = OpDecl("seqloss::transducer_joint_loss", table_loss_impl, _table_fake,
+                         batch_scale=per_row, scale_args=(1, 2))
+table_loss_op = table_loss_decl.op
+rnnt_loss_decl = OpDecl("seqloss::rnnt_loss", rnnt_loss_impl, _rnnt_fake,
+                        batch_scale=per_row, scale_args=(1, 2))
+rnnt_loss_op = rnnt_loss_decl.op
 
 
 def rnnt_loss_inplace(

@@ -8,18 +8,10 @@ from torch import Tensor
 from .._core import checks
 from .._core.dispatch import resolve_backend
 from .._core.module import LossModule
-from .._core.ops import call_loss_op
 from .._core.types import IntsLike, TransducerReduction
 from .checks import transducer_inputs
 from .joint.table import rnnt_table
-from .op import (
-    _batch_scale,
-    rnnt_loss_impl,
-    rnnt_loss_inplace,
-    rnnt_loss_op,
-    table_loss_impl,
-    table_loss_op,
-)
+from .op import rnnt_loss_decl, rnnt_loss_inplace, table_loss_decl
 
 _DOC_COMMON = r"""
     The loss of sequence ``b`` is ``-log p(y | x)`` summed over every monotonic path
@@ -89,23 +81,16 @@ def _loss(
                                  delay_penalty, reduction, zero_infinity, name, validate)
     else:
         compute_grad = torch.is_grad_enabled() and logits.requires_grad
-        per_batch = None
-        if packed:
-            def per_batch(g: Tensor) -> Tensor:
-                return _batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])
-
         if delay_penalty:
             # The table op (its floats carry the penalty): the RNN-T op's schema, which
             # callers may use directly, stays as it was.
             ints, floats = rnnt_table(logits.shape[-1], blank, clamp, fastemit_lambda,
                                       delay_penalty=delay_penalty).encode()
-            loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, per_batch, logits, tg, il,
-                                   tl, ints, floats, fused, reduction, zero_infinity, name,
-                                   compute_grad, validate)
+            loss = table_loss_decl.value(logits, tg, il, tl, ints, floats, fused, reduction,
+                                         zero_infinity, name, compute_grad, validate)
         else:
-            loss, _ = call_loss_op(rnnt_loss_op, rnnt_loss_impl, 0, per_batch, logits, tg, il,
-                                   tl, blank, clamp, fused, fastemit_lambda, reduction,
-                                   zero_infinity, name, compute_grad, validate)
+            loss = rnnt_loss_decl.value(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,
+                                        reduction, zero_infinity, name, compute_grad, validate)
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss

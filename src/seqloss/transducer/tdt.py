@@ -16,20 +16,12 @@ from .._core import checks
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.module import LossModule
-from .._core.ops import (
-    _acc_dtype,
-    _functorch_wrapped,
-    _is_traced,
-    batch_product,
-    call_loss_op,
-    conform_layout,
-    grads_to_hand_on,
-)
+from .._core.opdecl import OpDecl
+from .._core.ops import _acc_dtype, conform_layout
 from .._core.reduce import finish, grad_scale, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import JointTable, rnnt_table, tdt_table
-from .op import _transducer_backward, _transducer_setup
 
 
 # --------------------------------------------------------------------------- the mixture
@@ -171,30 +163,19 @@ def tdt_pair_loss_impl(
     return loss, g, gd
 
 
-tdt_loss_op = torch.library.custom_op("seqloss::tdt_loss", tdt_loss_impl, mutates_args=())
-tdt_pair_loss_op = torch.library.custom_op("seqloss::tdt_loss_pair", tdt_pair_loss_impl,
-                                           mutates_args=())
-
-
 def _loss_fake(x: Tensor, logit_lengths: Tensor, reduction: str) -> Tensor:
     shape = (logit_lengths.shape[0],) if reduction == "none" else ()
     return x.new_empty(shape, dtype=_acc_dtype(x.dtype))
 
 
-@tdt_loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, table_ints, table_floats, omega,
-      reduction, zero_infinity, backend, compute_grad, validate):
+def _tdt_fake(logits, targets, logit_lengths, target_lengths, table_ints, table_floats, omega,
+              reduction, zero_infinity, backend, compute_grad, validate):
     grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
     return _loss_fake(logits, logit_lengths, reduction), grad
 
 
-tdt_loss_op.register_autograd(lambda ctx, g, _: _transducer_backward(ctx, g, 11),
-                              setup_context=_transducer_setup)
-
-
-@tdt_pair_loss_op.register_fake
-def _(token_logits, duration_logits, targets, logit_lengths, target_lengths, table_ints,
-      table_floats, omega, reduction, zero_infinity, backend, compute_grad, validate):
+def _pair_fake(token_logits, duration_logits, targets, logit_lengths, target_lengths, table_ints,
+               table_floats, omega, reduction, zero_infinity, backend, compute_grad, validate):
     if compute_grad:
         gt, gd = torch.empty_like(token_logits), torch.empty_like(duration_logits)
     else:
@@ -202,72 +183,10 @@ def _(token_logits, duration_logits, targets, logit_lengths, target_lengths, tab
     return _loss_fake(token_logits, logit_lengths, reduction), gt, gd
 
 
-def _pair_setup(ctx, inputs, output):
-    ctx.set_materialize_grads(False)
-    ctx.compute_grad = inputs[-2]
-    ctx.validate = inputs[-1]
-    ctx.save_for_backward(output[1], output[2])
-
-
-def _pair_grads(ctx, grad_loss):
-    gt, gd = ctx.saved_tensors
-    if grad_loss is None:
-        return None, None
-    if not ctx.compute_grad:
-        raise RuntimeError("seqloss: tdt_loss was called with compute_grad=False")
-    return grads_to_hand_on((gt, gd), grad_loss, 0, ctx.validate)
-
-
-tdt_pair_loss_op.register_autograd(
-    lambda ctx, g, _g1, _g2: (*_pair_grads(ctx, g), *(None,) * 11), setup_context=_pair_setup)
-
-
-class _PairEager(torch.autograd.Function):
-    """The pair op's implementation in eager mode (the library's dispatch costs ~30 us)."""
-
-    @staticmethod
-    def forward(ctx, token_logits, duration_logits, *rest):
-        out = tdt_pair_loss_impl(token_logits, duration_logits, *rest)
-        ctx.compute_grad, ctx.validate = rest[-2], rest[-1]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(out[1], out[2])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_loss, _g1, _g2):
-        return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
-
-
-class _PairFunc(torch.autograd.Function):
-    """``_PairEager`` for ``torch.func`` transforms (grad, vjp), which need ``setup_context``."""
-
-    @staticmethod
-    def forward(token_logits, duration_logits, *rest):
-        return tdt_pair_loss_impl(token_logits, duration_logits, *rest)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.compute_grad, ctx.validate = inputs[-2], inputs[-1]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(output[1], output[2])
-
-    @staticmethod
-    def backward(ctx, grad_loss, _g1, _g2):
-        if grad_loss is not None and _functorch_wrapped(grad_loss):
-            gt, gd = ctx.saved_tensors
-            return (batch_product(gt, grad_loss, 0), batch_product(gd, grad_loss, 0),
-                    *(None,) * 11)
-        return (*_pair_grads(ctx, grad_loss), *(None,) * 11)
-
-
-def _call_pair(tok: Tensor, dur: Tensor, *rest) -> tuple[Tensor, Tensor, Tensor]:
-    if not torch.compiler.is_compiling() and (_functorch_wrapped(tok) or _functorch_wrapped(dur)):
-        return _PairFunc.apply(tok, dur, *rest)
-    if torch.compiler.is_compiling() or _is_traced(tok) or _is_traced(dur):
-        return tdt_pair_loss_op(tok, dur, *rest)
-    if not rest[-2]:
-        return tdt_pair_loss_impl(tok, dur, *rest)
-    return _PairEager.apply(tok, dur, *rest)
+tdt_loss_decl = OpDecl("seqloss::tdt_loss", tdt_loss_impl, _tdt_fake)
+tdt_loss_op = tdt_loss_decl.op
+tdt_pair_decl = OpDecl("seqloss::tdt_loss_pair", tdt_pair_loss_impl, _pair_fake, n_diff=2)
+tdt_pair_loss_op = tdt_pair_decl.op
 
 
 # --------------------------------------------------------------------------- public
@@ -358,11 +277,10 @@ def tdt_loss(
     rest = (tg, il, tl, ints, floats, omega, reduction, zero_infinity, name)
     if joint is not None:
         compute_grad = torch.is_grad_enabled() and joint.requires_grad
-        loss, _ = call_loss_op(tdt_loss_op, tdt_loss_impl, 0, None, joint, *rest, compute_grad,
-                               validate)
+        loss = tdt_loss_decl.value(joint, *rest, compute_grad, validate)
     else:
         compute_grad = torch.is_grad_enabled() and (tok.requires_grad or dur.requires_grad)
-        loss, _, _ = _call_pair(tok, dur, *rest, compute_grad, validate)
+        loss = tdt_pair_decl.value(tok, dur, *rest, compute_grad, validate)
     if tok.dtype in (torch.float32, torch.float64):
         loss = loss.to(tok.dtype)
     return loss

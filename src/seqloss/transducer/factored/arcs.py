@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..._core import checks
 from ..._core.ops import _is_traced
-from ..lattice.op import call_lattice
+from ..lattice.op import lattice_decl
 
 NEG_INF = float("-inf")
 
@@ -382,7 +382,7 @@ def run_lattice(emit: Tensor, blank: Tensor, lens: Tensor, rnnt_type: str, bound
         emit, blank = _shift(emit, s0, t0), _shift(blank, s0, t0)
     need = occupations or (torch.is_grad_enabled() and (emit.requires_grad or blank.requires_grad))
     ed = [0] if rnnt_type == "regular" else [1]
-    ll, ob, oe = call_lattice(blank[..., None], emit[..., None], lens[:, 3], lens[:, 2], [1],
+    ll, ob, oe = lattice_decl(blank[..., None], emit[..., None], lens[:, 3], lens[:, 2], [1],
                               ed, rnnt_type != "regular", backend, bool(need), bool(validate))
     if not occupations:
         return ll, None, None

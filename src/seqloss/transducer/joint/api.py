@@ -7,10 +7,9 @@ from torch import Tensor
 
 from ..._core import checks
 from ..._core.dispatch import resolve_backend
-from ..._core.ops import call_loss_op
 from ..._core.types import IntsLike
 from ..checks import transducer_inputs
-from ..op import _batch_scale, table_loss_impl, table_loss_op
+from ..op import table_loss_decl
 from .table import JointTable
 
 
@@ -42,14 +41,9 @@ def joint_loss(
     name = resolve_backend(backend, logits.device)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
     ints, floats = table.encode()
-    per_batch = None
-    if packed:
-        def per_batch(g: Tensor) -> Tensor:
-            return _batch_scale(g, il.shape[0], True, il, tl, logits.shape[0])
-
-    loss, _ = call_loss_op(table_loss_op, table_loss_impl, 0, per_batch, logits, tg, il, tl,
-                           ints, floats, bool(fused_log_softmax), reduction, bool(zero_infinity),
-                           name, compute_grad, bool(validate))
+    loss = table_loss_decl.value(logits, tg, il, tl, ints, floats, bool(fused_log_softmax),
+                                 reduction, bool(zero_infinity), name, compute_grad,
+                                 bool(validate))
     if logits.dtype in (torch.float32, torch.float64):
         loss = loss.to(logits.dtype)
     return loss

@@ -11,8 +11,7 @@ from ..._core import checks as _validate
 from ..._core.dispatch import kernel_module, resolve_backend
 from ..._core.errors import InputError, InputTypeError
 from ..._core.types import IntsLike
-from .fast import lattice_fast
-from .op import call_lattice
+from .op import lattice_decl
 
 
 def _durations(x: object, name: str, low: int) -> list[int]:
@@ -83,10 +82,6 @@ def transducer_lattice(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd (double backward raises), torch.compile (fullgraph).
     """
-    ll = lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
-                      emit_durations, emit_can_end, backend, validate)
-    if ll is not None:
-        return ll
     emit_can_end = _validate.flag(emit_can_end, "emit_can_end")
     validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(arc_blank, "arc_blank")
@@ -118,9 +113,8 @@ def transducer_lattice(
         _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
     name = resolve_backend(backend, device)
     compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad or arc_emit.requires_grad)
-    ll, _, _ = call_lattice(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end, name,
-                            compute_grad, validate)
-    return ll
+    return lattice_decl.value(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end, name,
+                              compute_grad, validate)
 
 
 def lattice_viterbi(

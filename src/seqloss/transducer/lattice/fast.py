@@ -1,16 +1,16 @@
-"""``transducer_lattice``'s eager CPU fast lane: the common call in a few dozen operations.
+"""``transducer_lattice``'s eager CPU fast lane, the op declaration's ``fast`` hook.
 
 After the Numba recursion has streamed its arcs, alpha, beta and occupations through
 the caches (~2-3 MB at B=4, T=200, U=50), every Python line and torch call that follows
 runs cold: the same ``autograd.grad`` that takes 22 us after a small forward takes
-~80 us after the kernel. The general path (argument conversion, dispatch, the
-three-output ``autograd.Function``, the backward's generic hand-off) cost ~0.3 ms
-around a 1.6 ms kernel there. This lane takes the call a training loop makes --
-float32/float64 CPU arcs, int-sequence durations, int64 CPU length tensors, the Numba
-backend, no tracing or functorch transform, a gradient wanted -- with exact-type tests,
-and runs the same implementation behind a one-output ``autograd.Function`` with the
-general path's semantics (``tests/test_lattice.py``). Any other call returns ``None``
-and takes the general path, which also raises every error.
+~80 us after the kernel. The general path's three-output ``autograd.Function`` and its
+backward's generic hand-off cost ~0.3 ms around a 1.6 ms kernel there. This lane takes
+the call a training loop makes -- float32/float64 CPU arcs of one dtype, the Numba
+backend (as dispatch resolved it), a gradient wanted -- with the op's own (checked)
+arguments, and runs the backend's public recursion behind a one-output
+``autograd.Function`` with the general path's semantics (``tests/test_lattice_fast.py``).
+Any other call returns ``None`` and takes the general path, which also raises every
+value error.
 """
 
 from __future__ import annotations
@@ -19,87 +19,75 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._core.dispatch import _AVAILABLE, kernel_module
-from ..._core.lanes import (
-    compiling,
-    freed_graph,
-    grad_enabled,
-    is_functional,
-    numba_chosen,
-    scaled_grads,
-    transforms_active,
-    wrapped,
-)
+from ..._core import checks as _validate
+from ..._core.dispatch import kernel_module
+from ..._core.lanes import compiling, freed_graph, grad_enabled, scaled_grads, wrapped
 from ..._core.ops import _all_ones, _keep_graph, c_apply
-from .op import _poison
 
-_F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
-_kern = None  # seqloss.transducer.lattice.numba_cpu, imported on first use
+_F32, _F64 = torch.float32, torch.float64
 
 
-def _durations(d: object, n: int, low: int) -> tuple[int, ...] | None:
-    if type(d) is not tuple and type(d) is not list or len(d) != n:
-        return None
-    for x in d:
-        if type(x) is not int or x < low:
-            return None
-    return tuple(d)
+def poison(ll: Tensor, ob: Tensor | None, oe: Tensor | None, il: Tensor, tl: Tensor,
+            bd: list[int], ed: list[int], can: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """A sequence that reads NaN or ``+inf``: NaN log-likelihood and NaN occupations on
+    every arc a path may take (the reference's result; the kernels may give ``+inf`` or
+    zero occupations there). On CPU only when some sequence is such; on CUDA always
+    (a few small elementwise ops, no device-to-host sync)."""
+    if _validate.host_side(ll):
+        # On the host, one numpy pass (~1 us; the torch ops below cost ~20 us a call).
+        v = ll.numpy()
+        if not (np.isnan(v).any() or np.isposinf(v).any()):
+            return ll, ob, oe
+    bad = ~(ll < float("inf")) & (ll != float("-inf"))
+    ll = torch.where(bad, float("nan"), ll)
+    if ob is None:
+        return ll, ob, oe
+    T, U1 = ob.shape[1], ob.shape[2]
+    tt = torch.arange(T, device=ll.device)[None, :, None]
+    uu = torch.arange(U1, device=ll.device)[None, None, :]
+    Tb, Ub = il.to(ll.device)[:, None, None], tl.to(ll.device)[:, None, None]
+    seq = bad[:, None, None] & (tt < Tb)
+    # In place: the occupations are the kernel's own fresh tensors.
+    for i, d in enumerate(bd):
+        ob[..., i].masked_fill_(seq & (tt + d <= Tb) & (uu <= Ub), float("nan"))
+    for j, e in enumerate(ed):
+        lands = (tt + e <= Tb) if can else (tt + e < Tb)
+        oe[..., j].masked_fill_(seq & lands & (uu < Ub), float("nan"))
+    return ll, ob, oe
 
-
-def _lengths(x: object, B: int) -> np.ndarray | None:
-    if (type(x) is not Tensor or x.dtype is not _I64 or not x.is_cpu or x.dim() != 1
-            or x.shape[0] != B):
-        return None
-    return x.numpy()
 
 
 def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
-                 emit_durations, emit_can_end, backend, validate):
-    """``transducer_lattice`` for the common eager CPU call, or ``None`` (the general path)."""
-    global _kern
-    dt = arc_blank.dtype if type(arc_blank) is Tensor else None
-    if (dt is None or (dt is not _F32 and dt is not _F64) or type(arc_emit) is not Tensor
-            or arc_emit.dtype is not dt or not arc_blank.is_cpu or not arc_emit.is_cpu
-            or arc_blank.dim() != 4 or arc_emit.dim() != 4 or not numba_chosen(backend)
-            or not (arc_blank.requires_grad or arc_emit.requires_grad) or not grad_enabled()):
+                 emit_durations, emit_can_end, backend, compute_grad, validate):
+    """``transducer_lattice``'s log-likelihoods for the common eager CPU call, or ``None``.
+
+    Called by the op declaration in eager mode only (no tracing, no functorch
+    transform), with the op's arguments: checked, the backend resolved."""
+    dt = arc_blank.dtype
+    if (backend != "numba" or not compute_grad or (dt is not _F32 and dt is not _F64)
+            or arc_emit.dtype is not dt or not arc_blank.is_cpu or arc_blank.shape[0] == 0):
         return None
-    B, T, U1, nb = arc_blank.shape
-    se = arc_emit.shape
-    if B == 0 or se[0] != B or se[1] != T or se[2] != U1:
-        return None
-    if (compiling() or transforms_active() or is_functional(arc_blank)
-            or is_functional(arc_emit) or not _AVAILABLE["numba"]):
-        return None  # before any value read: tracing (fake tensors) has no values
-    bd = _durations(blank_durations, nb, 1)
-    ed = _durations(emit_durations, se[3], 0)
-    il = _lengths(logit_lengths, B)
-    tl = _lengths(target_lengths, B)
-    if (bd is None or ed is None or il is None or tl is None or type(emit_can_end) is not bool
-            or type(validate) is not bool):  # any other flag: the general path checks it
-        return None
-    # Out-of-range lengths: the general path raises the error naming them.
-    if validate is not False and (il.min() < 0 or il.max() > T or tl.min() < 0
-                                  or tl.max() > U1 - 1):
-        return None
-    k = _kern
-    if k is None:
-        k = _kern = kernel_module("lattice", "numba")
-    spec = (k, logit_lengths, target_lengths, bd, ed, emit_can_end, validate is not False)
+    if validate:  # out-of-range lengths: the general path raises the error naming them
+        T, U = arc_blank.shape[1], arc_blank.shape[2] - 1
+        il, tl = logit_lengths.numpy(), target_lengths.numpy()
+        if il.min() < 0 or il.max() > T or tl.min() < 0 or tl.max() > U:
+            return None
+    spec = (kernel_module("lattice", "numba"), logit_lengths, target_lengths,
+            tuple(blank_durations), tuple(emit_durations), emit_can_end, validate)
     return _apply(spec, arc_blank, arc_emit)
 
 
 class _FastLattice(torch.autograd.Function):
-    """``op._EagerLattice`` for the lane: the same implementation and backward rule
-    (``grads_to_hand_on``), one output, the occupations kept on ``ctx``."""
+    """The declaration's eager ``autograd.Function`` for the lane: the same implementation
+    and backward rule (``grads_to_hand_on``), one output, the occupations kept on ``ctx``."""
 
     @staticmethod
     def forward(ctx, spec, ab, ae):
         k, il, tl, bd, ed, can, validate = spec
         ll, ob, oe = k.transducer_lattice(ab.detach(), ae.detach(), il, tl, bd, ed, True, can)
-        v = ll.numpy()
-        s = v.sum()  # NaN or +inf in any sequence: the general path's poisoning
+        s = ll.numpy().sum()  # NaN or +inf in any sequence: the general path's poisoning
         if s != s or s == np.inf:
-            ll, ob, oe = _poison(ll, ob, oe, il, tl, list(bd), list(ed), can)
+            ll, ob, oe = poison(ll, ob, oe, il, tl, list(bd), list(ed), can)
         ctx.ob, ctx.oe, ctx.ab, ctx.ae, ctx.validate = ob, oe, ab, ae, validate
         return ll
 

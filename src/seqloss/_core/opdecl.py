@@ -1,0 +1,202 @@
+"""One op declaration: what an op is, from which its ``torch.library`` op, autograd and
+call ladder are made.
+
+Every loss-like op here computes its gradient in the forward pass (function merging, as
+torchaudio does): its implementation takes the differentiable tensors first, then the
+rest of its arguments ending with ``(..., compute_grad, validate)``, and returns
+``(value, *grads)``, one gradient per differentiable tensor, each with the value's
+batch axis at ``batch_dim``. The backward only scales the saved gradients by the
+incoming per-batch gradient (``grads_to_hand_on``). ``OpDecl`` turns that description
+into:
+
+- the registered op (``decl.op``: fake kernel, autograd formula), used while tracing
+  (``torch.compile``, fake and functional tensors);
+- the eager path: the same implementation behind one shared ``autograd.Function``
+  (the library's Python dispatch costs ~30 us a call, most of a small batch's budget);
+- ``torch.func`` support (grad, vjp, jacrev) through its ``setup_context`` twin;
+- the call ladder choosing between them (``decl(*args)``), and ``decl.value(*args)``,
+  which tries the declared eager fast path first and returns the value alone.
+
+A fast path is ``fast(*args) -> value or None``, called with the op's own (converted,
+resolved-backend) arguments in eager mode only; ``None`` takes the general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
+
+from .ops import apply_eagerly, batch_product, c_apply, grads_to_hand_on
+
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_functional = torch._is_functional_tensor
+_compiling = torch.compiler.is_compiling
+_transforms_active = torch._C._are_functorch_transforms_active
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
+class OpDecl:
+    """A loss-like op: ``impl(*diff, *rest) -> (value, *grads)``; ``rest`` ends with
+    ``(compute_grad, validate)``.
+
+    Args:
+        name: the op's qualified name (``"seqloss::rnnt_loss"``).
+        impl: the implementation (type-annotated: its annotations are the schema).
+        fake: the fake kernel, same arguments.
+        n_diff: how many leading tensors are differentiable.
+        batch_dim: the batch axis of every gradient.
+        batch_scale: ``(grad_value, grads, scale_args) -> per-slice factor`` along
+            ``batch_dim``, for gradients whose batch axis is not the value's (a packed
+            layout); ``scale_args`` are the ``rest`` arguments at ``scale_args``.
+        scale_args: consecutive indices into ``rest`` of the tensors ``batch_scale`` reads.
+        fast: an eager CPU fast path (see the module docstring).
+    """
+
+    def __init__(self, name: str, impl: Callable, fake: Callable, *, n_diff: int = 1,
+                 batch_dim: int = 0, batch_scale: Callable | None = None,
+                 scale_args: tuple[int, ...] = (), fast: Callable | None = None) -> None:
+        self.name = name.split("::")[-1]
+        self.impl, self.n_diff, self.batch_dim = impl, n_diff, batch_dim
+        self.batch_scale, self.scale_args, self.fast = batch_scale, scale_args, fast
+        lo = scale_args[0] if scale_args else 0
+        if tuple(scale_args) != tuple(range(lo, lo + len(scale_args))):
+            raise ValueError(f"{name}: scale_args must be consecutive, got {scale_args}")
+        self._extra = slice(lo, lo + len(scale_args))  # a slice: ~0.5 us less than a tuple
+        op = torch.library.custom_op(name, impl, mutates_args=())
+        op.register_fake(fake)
+        op.register_autograd(self._op_backward, setup_context=self._op_setup)
+        self.op = op
+
+    # ------------------------------------------------------------------ autograd
+    def _op_setup(self, ctx, inputs, output) -> None:
+        rest = inputs[self.n_diff:]
+        self._setup(ctx, rest, output)
+        ctx.n_rest = len(rest)
+
+    def _setup(self, ctx, rest, output) -> None:
+        # The gradient outputs get no incoming gradient: no grads-sized zeros for them.
+        ctx.set_materialize_grads(False)
+        ctx.decl, ctx.compute_grad, ctx.validate, ctx.extra = self, rest[-2], rest[-1], None
+        ctx.save_for_backward(*output[1:], *rest[self._extra])
+
+    def _op_backward(self, ctx, grad_value, *_grad_grads):
+        return (*self.hand_on(ctx, grad_value), *(None,) * ctx.n_rest)
+
+    def hand_on(self, ctx, grad_value: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The gradients of the differentiable inputs: the saved ones times the incoming."""
+        n = self.n_diff
+        if grad_value is None:  # only the (non-differentiable) gradient outputs were used
+            return (None,) * n
+        if ctx.extra is None and not ctx.compute_grad:  # (eagerly it is always True)
+            raise RuntimeError(f"seqloss: {self.name} was called with compute_grad=False")
+        saved = ctx.saved_tensors
+        grads = saved[:n]
+        scale = None
+        if self.batch_scale is not None:
+            extra = saved[n:] if ctx.extra is None else ctx.extra
+
+            def scale(g: Tensor) -> Tensor:
+                return self.batch_scale(g, grads, extra)
+
+        if _wrapped(grad_value):  # a torch.func transform: the plain product
+            g = grad_value if scale is None else scale(grad_value)
+            return tuple(batch_product(x, g, self.batch_dim) for x in grads)
+        return grads_to_hand_on(grads, grad_value, self.batch_dim, ctx.validate, scale)
+
+    # ------------------------------------------------------------------ calls
+    def _traced(self, args) -> int:
+        """0 eagerly; 1 under a ``torch.func`` transform; 2 while tracing."""
+        if _compiling():
+            return 2
+        xs = args[:self.n_diff]
+        for x in xs:
+            if _wrapped(x):
+                return 1
+        for x in xs:
+            if isinstance(x, _TRACED) or _is_functional(x):
+                return 2
+        return 0
+
+    def __call__(self, *args) -> tuple[Tensor, ...]:
+        """``(value, *grads)``: the registered op while tracing, the ``torch.func`` Function
+        under a transform, the eager ``autograd.Function`` otherwise."""
+        return self._call(self._traced(args), args)
+
+    def _call(self, how: int, args: tuple) -> tuple[Tensor, ...]:
+        n = self.n_diff
+        if how == 2:
+            return self.op(*args)
+        if how == 1:
+            return _FuncOp.apply((self, args[n:]), *args[:n])
+        if not args[-2]:  # no gradient wanted: no autograd wrapper either
+            return self.impl(*args)
+        return apply_eagerly(_EagerOp, _eager_apply, (self, args[n:]), *args[:n])
+
+    def value(self, *args) -> Tensor:
+        """The value alone; eagerly through the fast path when one is declared and takes
+        the call."""
+        n = self.n_diff
+        xs = args[:n]
+        if not _compiling():
+            for x in xs:
+                if _wrapped(x) or isinstance(x, _TRACED) or _is_functional(x):
+                    break
+            else:  # eager
+                fast = self.fast
+                if fast is not None and not _transforms_active():
+                    v = fast(*args)
+                    if v is not None:
+                        return v
+                if not args[-2]:
+                    return self.impl(*args)[0]
+                return apply_eagerly(_EagerOp, _eager_apply, (self, args[n:]), *xs)[0]
+        return self(*args)[0]
+
+
+class _EagerOp(torch.autograd.Function):
+    """Every declared op in eager mode. The old-style ``forward(ctx, ...)``:
+    ``setup_context`` costs an ``inspect.signature`` per call, so only the ``torch.func``
+    twin has one. Everything but the differentiable inputs travels in one tuple
+    (``apply`` costs ~0.5 us per argument). The gradient outputs stay "differentiable"
+    on purpose: saved and unpacked, they are attached to this node, so under
+    ``create_graph`` the product through ``scale_grad`` is too, and a double backward
+    meets its clear error."""
+
+    @staticmethod
+    def forward(ctx, spec, *xs):
+        decl, rest = spec
+        out = decl.impl(*xs, *rest)
+        ctx.set_materialize_grads(False)
+        # The scaling's inputs on ctx: they are not the Function's, so no reference cycle,
+        # and a tuple there is ~1 us cheaper than saving them.
+        ctx.decl, ctx.validate = decl, rest[-1]
+        ctx.extra = rest[decl._extra]
+        ctx.save_for_backward(*out[1:])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_value, *_grad_grads):
+        return (None, *ctx.decl.hand_on(ctx, grad_value))
+
+
+_eager_apply = c_apply(_EagerOp)
+
+
+class _FuncOp(torch.autograd.Function):
+    """``_EagerOp`` for ``torch.func`` transforms (grad, vjp, jacrev), which need
+    ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
+
+    @staticmethod
+    def forward(spec, *xs):
+        return spec[0].impl(*xs, *spec[1])
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        decl, rest = inputs[0]
+        decl._setup(ctx, rest, output)
+
+    backward = _EagerOp.backward
