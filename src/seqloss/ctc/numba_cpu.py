@@ -73,8 +73,10 @@ import math
 
 import numpy as np
 import torch
+from llvmlite import ir
 from numba import carray, njit
-from numba.core import types
+from numba.core import cgutils, types
+from numba.core.callconv import excinfo_t
 from numba.extending import intrinsic
 
 from .._core import buffers, reduce
@@ -246,6 +248,14 @@ def _zero_rows(grad, tb_layout, b, t0, t1):
                 grad[b, t, c] = 0.0
 
 
+@njit(cache=True, error_model="numpy")
+def _copy_row(dst, i, src, j):
+    """``dst[i] = src[j]`` for 2-D arrays of one width. Written out: an array assigned to a
+    slice compiles the shape-mismatch error's message formatting (~3.5 s on a fresh cache)."""
+    for c in range(dst.shape[1]):
+        dst[i, c] = src[j, c]
+
+
 @njit(inline="always", cache=True, error_model="numpy")
 def _grad_sub(grad, tb_layout, t, b, c, v):
     if tb_layout:
@@ -360,7 +370,7 @@ def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lse, lp, l
                     a = _logaddexp(a, ap[s - 2])
                 an[s] = a + lpr[(s + 1) // 2 if s % 2 == 1 else 0]
         if first and r == 0 and t // S < nck:
-            cla[t // S] = an
+            _copy_row(cla, t // S, la, r)
 
 
 @njit(cache=True, error_model="numpy")
@@ -403,7 +413,7 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, dp, compute_grad, gr
         t0 = k * S
         t1 = min(Tb, t0 + S)
         if k < nseg - 1:
-            la[0] = cla[k]
+            _copy_row(la, 0, cla, k)
             _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lse, lp, la, cla,
                        skip)
         for t in range(t1 - 1, t0 - 1, -1):
@@ -640,14 +650,30 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t
                 return False, logscale
         if first and r == 0 and t // S < nck:
             k = t // S
-            CE[k] = AE[r]
-            CO[k] = AO[r]
-            CK[k] = KA[r]
+            _copy_row(CE, k, AE, r)
+            _copy_row(CO, k, AO, r)
+            _copy_row(CK, k, KA, r)
     return True, logscale
 
 
+@njit(inline="always", cache=True, error_model="numpy")
+def _zeros(n):
+    # np.empty and a fill: np.zeros and np.full each compile one more overload per shape
+    # and dtype (~0.1-0.3 s each on a fresh cache)
+    a = np.empty(n)
+    a[:] = 0.0
+    return a
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _zeros2(n, m):
+    a = np.empty((n, m))
+    a[:] = 0.0
+    return a
+
+
 @njit(cache=True, error_model="numpy")
-def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg):
+def _ctc_fast_one(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg):
     """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
 
     Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
@@ -666,7 +692,7 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, ou
     lses = np.empty(Tb if fused else 0)
     lp = np.empty(nl)
     ex = np.empty(C if fused else 0)
-    sk = np.zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
+    sk = _zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
     for i in range(1, Lb):
         sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
 
@@ -674,14 +700,16 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, ou
     # [lo, hi] of states only; block j (labels j bw .. j bw + bw - 1, even and odd states)
     # of frame t is AE/AO * 2**KA[t, j]. Ring rows t % S; checkpoints CE, CO, CK.
     E = np.empty((S, nl))
-    AE = np.zeros((S, nl))  # even states 2i (blank)
-    AO = np.zeros((S, no))  # odd states 2i+1 (label i+1)
-    KA = np.full((S, nb), KZ, np.int64)
+    AE = _zeros2(S, nl)  # even states 2i (blank)
+    AO = _zeros2(S, no)  # odd states 2i+1 (label i+1)
+    KA = np.empty((S, nb), np.int64)
+    KA[:] = KZ
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
     CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), compute_grad, grad,
-                               _I0(), Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(),
+                                    compute_grad, grad, _I0(), Tb, lses, E, AE, AO, KA, CE, CO,
+                                    CK, sk, lp, ex, bsh)
     if not ok:
         return FALLBACK
     rf = (Tb - 1) % S
@@ -698,15 +726,17 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, ou
         return FAST
 
     # ---- beta' (excluding the frame's own emission), block exponents KB; occupation
-    be = np.zeros(nl)
-    bo = np.zeros(no)
-    be2 = np.zeros(nl)
-    bo2 = np.zeros(no)
-    ie_ = np.zeros(nl + 1)  # emission-inclusive beta at t, one spare zero past the end
-    io_ = np.zeros(no + 1)
-    KB = np.full(nb, KZ, np.int64)
-    KB2 = np.full(nb, KZ, np.int64)
-    fb = np.zeros(nb)
+    be = _zeros(nl)
+    bo = _zeros(no)
+    be2 = _zeros(nl)
+    bo2 = _zeros(no)
+    ie_ = _zeros(nl + 1)  # emission-inclusive beta at t, one spare zero past the end
+    io_ = _zeros(no + 1)
+    KB = np.empty(nb, np.int64)
+    KB[:] = KZ
+    KB2 = np.empty(nb, np.int64)
+    KB2[:] = KZ
+    fb = _zeros(nb)
     be[Lb] = 1.0
     KB[Lb >> bsh] = 0
     if Lb >= 1:
@@ -716,10 +746,10 @@ def _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, ou
         t0 = sg * S
         t1 = min(Tb, t0 + S)
         if sg < nseg - 1:  # the last segment is still in the ring
-            AE[0] = CE[sg]
-            AO[0] = CO[sg]
-            KA[0] = CK[sg]
-            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad,
+            _copy_row(AE, 0, CE, sg)
+            _copy_row(AO, 0, CO, sg)
+            _copy_row(KA, 0, CK, sg)
+            _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad,
                         t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
@@ -948,10 +978,10 @@ def _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0
                     nk_o[s // 2] = KNEG
         if first and r == 0 and t // S < nck:
             k = t // S
-            CEm[k] = nm_e
-            CEk[k] = nk_e
-            COm[k] = nm_o
-            COk[k] = nk_o
+            _copy_row(CEm, k, AEm, r)
+            _copy_row(CEk, k, AEk, r)
+            _copy_row(COm, k, AOm, r)
+            _copy_row(COk, k, AOk, r)
     return True
 
 
@@ -1025,10 +1055,10 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out
         t0 = sg * S
         t1 = min(Tb, t0 + S)
         if sg < nseg - 1:  # the last segment is still in the ring
-            AEm[0] = CEm[sg]
-            AEk[0] = CEk[sg]
-            AOm[0] = COm[sg]
-            AOk[0] = COk[sg]
+            _copy_row(AEm, 0, CEm, sg)
+            _copy_row(AEk, 0, CEk, sg)
+            _copy_row(AOm, 0, COm, sg)
+            _copy_row(AOk, 0, COk, sg)
             _ext_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad, t0, t1, lses,
                        Em, Ek, AEm, AEk, AOm, AOk, CEm, CEk, COm, COk, sk, ex)
         for t in range(t1 - 1, t0 - 1, -1):
@@ -1097,8 +1127,8 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad, loss,
-             status, mode, seg, w, b):
+def _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
+             compute_grad, grad, loss, status, mode, seg, w, b):
     """CTC loss (and gradient) of sequence ``b`` on the fast path, or ``PENDING``.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
@@ -1109,7 +1139,8 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad
     The slower paths are not called from here: Numba compiles every function a jitted
     function can reach, and each caller re-optimizes and re-emits its callees' code,
     so they cost a fresh cache ~60% more compile time although few inputs take them.
-    Inlined into ``_ctc_chunk``, one level of that re-optimization less.
+    Inlined into ``_ctc_chunk``, one level of that re-optimization less; ``_ctc_fast_one``
+    is called through its address ``fast_one`` (see ``_call_fast_one``).
     """
     T = x.shape[0] if tb_layout else x.shape[1]
     C = x.shape[2]
@@ -1139,7 +1170,8 @@ def _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad
         return
     st = PENDING
     if mode == 0:
-        st = _ctc_fast_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, loss, seg)
+        st = _call_fast_one(fast_one, alpha, x, tb_layout, b, C, lab, Tb, fused, dp,
+                            compute_grad, grad, loss, seg)
     if st != FAST:
         status[b] = PENDING
         return
@@ -1225,17 +1257,92 @@ def _ptr(typingctx, addr, like):
     return ptr_t(addr, like), codegen
 
 
+@intrinsic
+def _call_fast_one(typingctx, addr, alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad,
+                   grad, out_loss, seg):
+    """``_ctc_fast_one(x, ...)`` through the address ``addr`` of its compiled code.
+
+    Why not a plain call: Numba links a callee's code into each caller and optimizes
+    and emits it again there, so ``_ctc_fast_one`` (the largest function) was
+    compiled three times over on a fresh cache (itself, ``_ctc_chunk`` and
+    ``_ctc_fallback``); called through its address it is compiled once, per dtype,
+    when that dtype is first used (``_ZERO``). The callee keeps Numba's calling
+    convention (its exceptions propagate); the address is an argument, not a
+    constant, so the callers stay cacheable.
+    """
+    argtys = (alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg)
+    if argtys != _fast_one_sig(x.dtype):  # the address is of that signature's code
+        raise TypeError(f"_call_fast_one: {argtys} != {_fast_one_sig(x.dtype)}")
+
+    return types.int64(addr, *argtys), _call_codegen(types.int64, argtys)
+
+
+def _call_codegen(restype, argtys):
+    """Codegen of a call, in Numba's calling convention, of the function at ``args[0]``."""
+
+    def codegen(context, builder, signature, args):
+        cc = context.call_conv
+        fn = builder.inttoptr(args[0], cc.get_function_type(restype, argtys).as_pointer())
+        retty = cc.get_return_type(restype).pointee
+        ret = cgutils.alloca_once(builder, retty)
+        builder.store(cgutils.get_null_value(retty), ret)
+        exc = cgutils.alloca_once(builder, ir.PointerType(excinfo_t), name="excinfo")
+        real = [ret, exc, *cc._get_arg_packer(argtys).as_arguments(builder, args[1:])]
+        status = cc._get_return_status(builder, builder.call(fn, real), builder.load(exc))
+        with builder.if_then(status.is_error, likely=False):
+            cc.return_status_propagate(builder, status)
+        return context.get_returned_value(builder, restype, builder.load(ret))
+
+    return codegen
+
+
+def _address(disp, sig, restype):
+    """The address of ``disp``'s code for the argument types ``sig`` (compiled, or loaded
+    from the cache, now)."""
+    disp.compile(sig)
+    cres = disp.overloads[sig]
+    if cres.signature.return_type != restype:
+        raise AssertionError(cres.signature)  # the caller reads a restype
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
+
+
+_ALPHA_RES = types.Tuple((types.boolean, types.float64))
+
+
+def _fast_alpha_sig(dt):
+    """``_fast_alpha``'s argument types as ``_ctc_fast_one`` calls it (``dt``: numba dtype)."""
+    x = types.Array(dt, 3, "C")
+    i64, flag, f64 = types.int64, types.boolean, types.float64
+    f1, f2, k2 = types.Array(f64, 1, "C"), types.Array(f64, 2, "C"), types.Array(i64, 2, "C")
+    return (x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, f64, flag, flag, x, i64, i64,
+            f1, f2, f2, f2, k2, f2, f2, k2, f1, f1, f1, i64)
+
+
+@intrinsic
+def _call_fast_alpha(typingctx, addr, x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm,
+                     grad, t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh):
+    """``_fast_alpha(x, ...)`` through its address (as ``_call_fast_one``): its code is
+    compiled once instead of again inside ``_ctc_fast_one``."""
+    argtys = (x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0, t1, lses, E,
+              AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+    if argtys != _fast_alpha_sig(x.dtype):
+        raise TypeError(f"_call_fast_alpha: {argtys} != {_fast_alpha_sig(x.dtype)}")
+    return _ALPHA_RES(addr, *argtys), _call_codegen(_ALPHA_RES, argtys)
+
+
 @njit(nogil=True, cache=True, error_model="numpy")
-def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank, fused,
+def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank, fused,
                dp, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp, validate,
                chunk, job):
     """Sequences ``job * chunk`` to ``(job + 1) * chunk - 1``, one ``_ctc_seq`` each: a job
     of the pool (see ``_run_batch``).
 
-    The arrays arrive as addresses of C-contiguous memory (torch tensors' ``data_ptr()``)
-    with their shapes: ``x`` and ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)``
-    of ``zero``'s dtype (float32 or float64), ``targets (R, S)``, ``il``, ``tl`` and the
-    offsets ``toff`` ``(B,)`` int64, ``loss (B,)``, ``status (B,)`` int64, ``out (1,)``.
+    ``kind``: ``_ZERO[dtype]``, a zero of the inputs' dtype and the addresses of
+    ``_ctc_fast_one`` and ``_fast_alpha`` compiled for it. The arrays arrive as addresses of
+    C-contiguous memory (torch tensors' ``data_ptr()``) with their shapes: ``x`` and
+    ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind[0]``'s dtype (float32
+    or float64), ``targets (R, S)``, ``il``, ``tl`` and the offsets ``toff`` ``(B,)`` int64,
+    ``loss (B,)``, ``status (B,)`` int64, ``out (1,)``.
     Address 0 (``toff``, ``loss``, ``status``, ``out``): not wanted, scratch memory is
     used. A numpy array per argument cost ``Tensor.numpy()`` (~0.5 us) or an allocation
     and ``torch.from_numpy`` each, and its unboxing here: a quarter of a B = 1 call.
@@ -1252,6 +1359,7 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     for both: a second entry point compiling the same callees costs 2.5-3.6 s more on a
     fresh cache.
     """
+    zero, fast_one, alpha = kind
     i0 = np.int64(0)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
@@ -1276,8 +1384,8 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
             offs = _offsets(tl)
     pending = False
     for b in range(b0, b1):  # one call site: _ctc_seq is inlined
-        _ctc_seq(x, tb_layout, targets, offs, il, tl, blank, fused, dp, compute_grad, grad, loss,
-                 status, mode, seg, _seq_weight(red, tl[b], B, total), b)
+        _ctc_seq(fast_one, alpha, x, tb_layout, targets, offs, il, tl, blank, fused, dp,
+                 compute_grad, grad, loss, status, mode, seg, _seq_weight(red, tl[b], B, total), b)
         pending |= status[b] == PENDING
     if chunk > 0:
         return 0
@@ -1288,13 +1396,14 @@ def _ctc_chunk(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_fallback(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank,
+def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp, blank,
                   fused, dp, compute_grad, gp, lossp, statusp, mode, seg, red, zero_infinity, outp,
                   validate):
     """``_ctc_chunk``'s arguments (the values checked): finishes the sequences that
     ``_ctc_chunk`` left ``PENDING`` (with ``statusp == 0`` it did not keep them: every
     sequence is run again, bit for bit), then ``_finish`` into ``out``. A separate
     entry point, so that it is compiled only when an input leaves the fast path."""
+    zero, fast_one, alpha = kind
     i0 = np.int64(0)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
@@ -1313,8 +1422,8 @@ def _ctc_fallback(zero, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     for b in range(B):
         w = _seq_weight(red, tl[b], B, total)
         if statusp == 0:
-            _ctc_seq(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad,
-                     loss, status, mode, seg, w, b)
+            _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
+                     compute_grad, grad, loss, status, mode, seg, w, b)
         if status[b] == PENDING:
             _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad,
                           grad, loss, status, mode, seg, w, b)
@@ -1476,7 +1585,7 @@ def ctc_loss_forward(
         if (status.numpy() == PENDING).any():
             _ctc_fallback(*args)
         elif zero_infinity or red != RED_NONE:
-            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work].dtype)
+            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work][0].dtype)
             _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
                     tb_layout)
     loss = loss if red == RED_NONE else out
@@ -1493,5 +1602,29 @@ def ctc_loss_forward(
 
 _MODES = {"auto": 0, "extended": 1, "logspace": 2}
 _REDUCTIONS = reduce.CODES
-# The entry point's dtype comes from this argument's (the arrays arrive as addresses).
-_ZERO = {torch.float32: np.float32(0.0), torch.float64: np.float64(0.0)}
+
+
+def _fast_one_sig(dt):
+    """``_ctc_fast_one``'s argument types as ``_ctc_seq`` calls it, for ``dt`` (a numba dtype)."""
+    x = types.Array(dt, 3, "C")
+    i64, flag = types.int64, types.boolean
+    return (i64, x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, types.float64, flag, x,
+            types.Array(dt, 1, "C"), i64)
+
+
+class _Kinds(dict):
+    """torch dtype -> ``(zero, address, address)``: the entry points' first argument (see
+    ``_ctc_chunk``); the dtype's ``_ctc_fast_one`` and ``_fast_alpha`` are compiled (or
+    loaded from the cache) on the dtype's first call."""
+
+    def __missing__(self, dtype):
+        f32 = dtype == torch.float32
+        dt = types.float32 if f32 else types.float64
+        kind = self[dtype] = (
+            np.float32(0.0) if f32 else np.float64(0.0),
+            _address(_ctc_fast_one, _fast_one_sig(dt), types.int64),
+            _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES))
+        return kind
+
+
+_ZERO = _Kinds()
