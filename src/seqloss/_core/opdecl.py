@@ -19,6 +19,12 @@ into:
 
 A fast path is ``fast(*args) -> value or None``, called with the op's own (converted,
 resolved-backend) arguments in eager mode only; ``None`` takes the general path.
+
+An op whose gradient depends on the incoming one (``logmmexp``) declares a ``vjp``
+instead: its implementation returns ``(value, *saved)`` (intermediates the backward
+reuses, never differentiated) and ``vjp`` computes the inputs' gradients from them;
+the declaration makes its autograd formula, its eager and ``torch.func`` Functions and
+the double-backward error.
 """
 
 from __future__ import annotations
@@ -54,11 +60,16 @@ class OpDecl:
             layout); ``scale_args`` are the ``rest`` arguments at ``scale_args``.
         scale_args: consecutive indices into ``rest`` of the tensors ``batch_scale`` reads.
         fast: an eager CPU fast path (see the module docstring).
+        vjp: ``(grad_value, xs, outputs, rest, needs, traced) -> grads`` (``None``
+            where ``needs`` is false) for an op whose outputs are ``(value, *saved)``;
+            ``traced``: call the registered backward op, not its implementation.
+            ``rest`` holds no tensor then, and ends with ``compute_grad``.
     """
 
     def __init__(self, name: str, impl: Callable, fake: Callable, *, n_diff: int = 1,
                  batch_dim: int = 0, batch_scale: Callable | None = None,
-                 scale_args: tuple[int, ...] = (), fast: Callable | None = None) -> None:
+                 scale_args: tuple[int, ...] = (), fast: Callable | None = None,
+                 vjp: Callable | None = None) -> None:
         self.name = name.split("::")[-1]
         self.impl, self.n_diff, self.batch_dim = impl, n_diff, batch_dim
         self.batch_scale, self.scale_args, self.fast = batch_scale, scale_args, fast
@@ -66,9 +77,17 @@ class OpDecl:
         if tuple(scale_args) != tuple(range(lo, lo + len(scale_args))):
             raise ValueError(f"{name}: scale_args must be consecutive, got {scale_args}")
         self._extra = slice(lo, lo + len(scale_args))  # a slice: ~0.5 us less than a tuple
+        self.vjp = vjp
+        # Where compute_grad is among the arguments, and the Functions the ladder uses.
+        self._flag, self._eager, self._eager_apply, self._func = (
+            (-2, _EagerOp, _eager_apply, _FuncOp) if vjp is None
+            else (-1, _EagerVjp, _eager_vjp_apply, _FuncVjp))
         op = torch.library.custom_op(name, impl, mutates_args=())
         op.register_fake(fake)
-        op.register_autograd(self._op_backward, setup_context=self._op_setup)
+        if vjp is None:
+            op.register_autograd(self._op_backward, setup_context=self._op_setup)
+        else:
+            op.register_autograd(self._vjp_op_backward, setup_context=self._vjp_op_setup)
         self.op = op
 
     # ------------------------------------------------------------------ autograd
@@ -107,6 +126,39 @@ class OpDecl:
             return tuple(batch_product(x, g, self.batch_dim) for x in grads)
         return grads_to_hand_on(grads, grad_value, self.batch_dim, ctx.validate, scale)
 
+    def _vjp_op_setup(self, ctx, inputs, output) -> None:
+        n = self.n_diff
+        ctx.set_materialize_grads(False)
+        ctx.rest = inputs[n:]
+        ctx.save_for_backward(*inputs[:n], *output)
+
+    def _vjp_op_backward(self, ctx, *grads):
+        g = grads[0]
+        if isinstance(g, (list, tuple)):  # a list output's gradients arrive as one list
+            g = g[0]
+        n, nones = self.n_diff, (None,) * len(ctx.rest)
+        if g is None:
+            return (None,) * n + nones
+        saved = ctx.saved_tensors
+        return (*self.vjp(g, saved[:n], saved[n:], ctx.rest, ctx.needs_input_grad[:n], True),
+                *nones)
+
+    def eager_vjp(self, ctx, g: Tensor | None) -> tuple[Tensor | None, ...]:
+        """The eager and ``torch.func`` backward of a ``vjp`` op: its implementation, the
+        results attached to their inputs under ``create_graph`` (a second backward
+        raises)."""
+        n = self.n_diff
+        if g is None:
+            return (None,) * n
+        saved = ctx.saved_tensors
+        xs = saved[:n]
+        with torch.no_grad():
+            out = self.vjp(g, xs, saved[n:], ctx.rest, ctx.needs_input_grad[1:n + 1], False)
+        if torch.is_grad_enabled():
+            out = tuple(None if o is None else _Once.apply(o, x, self.name)
+                        for x, o in zip(xs, out, strict=True))
+        return out
+
     # ------------------------------------------------------------------ calls
     def _traced(self, args) -> int:
         """0 eagerly; 1 under a ``torch.func`` transform; 2 while tracing."""
@@ -131,10 +183,11 @@ class OpDecl:
         if how == 2:
             return self.op(*args)
         if how == 1:
-            return _FuncOp.apply((self, args[n:]), *args[:n])
-        if not args[-2]:  # no gradient wanted: no autograd wrapper either
+            return self._func.apply((self, args[n:]), *args[:n])
+        if not args[self._flag]:  # no gradient wanted: no autograd wrapper either
             return self.impl(*args)
-        return apply_eagerly(_EagerOp, _eager_apply, (self, args[n:]), *args[:n])
+        out = apply_eagerly(self._eager, self._eager_apply, (self, args[n:]), *args[:n])
+        return out if self.vjp is None else (out,)
 
     def value(self, *args) -> Tensor:
         """The value alone; eagerly through the fast path when one is declared and takes
@@ -151,9 +204,10 @@ class OpDecl:
                     v = fast(*args)
                     if v is not None:
                         return v
-                if not args[-2]:
+                if not args[self._flag]:
                     return self.impl(*args)[0]
-                return apply_eagerly(_EagerOp, _eager_apply, (self, args[n:]), *xs)[0]
+                out = apply_eagerly(self._eager, self._eager_apply, (self, args[n:]), *xs)
+                return out[0] if self.vjp is None else out
         return self(*args)[0]
 
 
@@ -200,3 +254,58 @@ class _FuncOp(torch.autograd.Function):
         decl._setup(ctx, rest, output)
 
     backward = _EagerOp.backward
+
+
+class _Once(torch.autograd.Function):
+    """``x``, attached to the graph of ``like`` with a backward that raises: a ``vjp`` op's
+    gradient under ``create_graph=True``."""
+
+    @staticmethod
+    def forward(x, like, name):
+        return x.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.name = inputs[2]  # the setup_context form: torch.func's backward reaches it too
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError(f"seqloss: double backward of {ctx.name} is not supported")
+
+
+class _EagerVjp(torch.autograd.Function):
+    """A ``vjp`` op in eager mode: one output (the value), the intermediates saved."""
+
+    @staticmethod
+    def forward(ctx, spec, *xs):
+        decl, rest = spec
+        out = decl.impl(*xs, *rest)
+        ctx.decl, ctx.rest = decl, rest
+        ctx.save_for_backward(*xs, *out)
+        return out[0]
+
+    @staticmethod
+    def backward(ctx, g):
+        return (None, *ctx.decl.eager_vjp(ctx, g))
+
+
+_eager_vjp_apply = c_apply(_EagerVjp)
+
+
+class _FuncVjp(torch.autograd.Function):
+    """``_EagerVjp`` for ``torch.func`` transforms, which need ``setup_context``: the
+    intermediates are extra, non-differentiable outputs."""
+
+    @staticmethod
+    def forward(spec, *xs):
+        return tuple(spec[0].impl(*xs, *spec[1]))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.decl, ctx.rest = inputs[0]
+        ctx.mark_non_differentiable(*output[1:])
+        ctx.save_for_backward(*inputs[1:], *output)
+
+    @staticmethod
+    def backward(ctx, g, *_):
+        return (None, *ctx.decl.eager_vjp(ctx, g))

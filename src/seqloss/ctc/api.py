@@ -10,11 +10,10 @@ from torch import Tensor
 from .._core import checks
 from .._core.dispatch import resolve_backend
 from .._core.module import LossModule
-from .._core.ops import call_loss_op
 from .._core.types import IntsLike, Reduction
 from .checks import ctc_inputs
 from .fast import MEAN, ctc_fast
-from .op import ctc_loss_impl, ctc_loss_op
+from .op import ctc_loss_decl
 
 
 def ctc_loss(
@@ -103,11 +102,8 @@ def ctc_loss(
     # Unbatched input gives a scalar for every reduction (torch's behaviour); with
     # one sequence "sum" is that scalar and the means weigh it as a batch of one.
     op_reduction = ("sum" if reduction == "none" else reduction) if unbatched else reduction
-    loss, _ = call_loss_op(
-        ctc_loss_op, ctc_loss_impl, 1, None,
-        log_probs, tg, il, tl, blank, fused_log_softmax, op_reduction, zero_infinity,
-        delay_penalty, name, compute_grad, validate,
-    )
+    loss = ctc_loss_decl.value(log_probs, tg, il, tl, blank, fused_log_softmax, op_reduction,
+                               zero_infinity, delay_penalty, name, compute_grad, validate)
     if loss.dtype != log_probs.dtype and log_probs.dtype in (torch.float32, torch.float64):
         loss = loss.to(log_probs.dtype)
     return loss

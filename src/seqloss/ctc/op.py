@@ -2,7 +2,7 @@
 
 The op returns the (reduced) loss and its gradient, computed in the forward pass; the
 backward scales the saved gradient. ``ctc_loss_impl`` is the same function, called
-behind a plain ``autograd.Function`` in eager mode (``_core.ops.call_loss_op``).
+behind a plain ``autograd.Function`` in eager mode (``_core.opdecl``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from .._core.dispatch import kernel_module
-from .._core.ops import _acc_dtype, conform_layout, grad_to_hand_on, poison_nonfinite
+from .._core.opdecl import OpDecl
+from .._core.ops import _acc_dtype, conform_layout, poison_nonfinite
 from .._core.reduce import finish, weights
 from .checks import ctc_values
 
@@ -60,12 +61,8 @@ def ctc_loss_impl(
                   weights=weights(reduction, target_lengths, loss), batch_dim=1)
 
 
-ctc_loss_op = torch.library.custom_op("seqloss::ctc_loss", ctc_loss_impl, mutates_args=())
-
-
-@ctc_loss_op.register_fake
-def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
-      zero_infinity, delay_penalty, backend, compute_grad, validate):
+def _fake(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax, reduction,
+          zero_infinity, delay_penalty, backend, compute_grad, validate):
     T, B, C = log_probs.shape
     shape = (B,) if reduction == "none" else ()
     loss = log_probs.new_empty(shape, dtype=_acc_dtype(log_probs.dtype))
@@ -73,25 +70,6 @@ def _(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softma
     return loss, grad
 
 
-def _ctc_setup(ctx, inputs, output):
-    # No zeros for the (non-differentiable) gradient output's incoming gradient.
-    ctx.set_materialize_grads(False)
-    ctx.compute_grad = inputs[-2]
-    ctx.validate = inputs[-1]
-    ctx.save_for_backward(output[1])
-
-
-def _ctc_backward(ctx, grad_loss, _grad_grad):
-    (grad,) = ctx.saved_tensors
-    nones = (None,) * 11
-    if grad_loss is None:
-        return (None, *nones)
-    if not ctx.compute_grad:
-        raise RuntimeError("seqloss: ctc_loss was called with compute_grad=False")
-    return (grad_to_hand_on(grad, grad_loss, 1, ctx.validate), *nones)
-
-
-ctc_loss_op.register_autograd(_ctc_backward, setup_context=_ctc_setup)
-
-
-# --------------------------------------------------------------------------- transducers
+# The gradient is (T, B, C): its batch axis is 1.
+ctc_loss_decl = OpDecl("seqloss::ctc_loss", ctc_loss_impl, _fake, batch_dim=1)
+ctc_loss_op = ctc_loss_decl.op
