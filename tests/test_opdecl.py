@@ -142,3 +142,18 @@ def test_vjp_op_eager_func_and_compile():
     (g,) = torch.autograd.grad(f(x), x, create_graph=True)
     with pytest.raises(RuntimeError, match="double backward of expsum"):
         g.sum().backward()
+
+
+def _cumsum_impl(x: Tensor, k: int) -> Tensor:
+    return x.cumsum(0) * k
+
+
+PLAIN = OpDecl("seqloss_test::cumsum", _cumsum_impl, lambda x, k: torch.empty_like(x), n_diff=0)
+
+
+def test_plain_op_runs_eagerly_and_compiles():
+    x = torch.arange(5.0)
+    ref = torch.tensor([0.0, 1.0, 3.0, 6.0, 10.0]) * 2
+    torch.testing.assert_close(PLAIN(x, 2), ref)
+    torch.testing.assert_close(torch.compile(lambda t: PLAIN(t, 2), fullgraph=True)(x), ref)
+    torch.library.opcheck(PLAIN.op, (x, 2))

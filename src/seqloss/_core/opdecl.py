@@ -53,7 +53,8 @@ class OpDecl:
         name: the op's qualified name (``"seqloss::rnnt_loss"``).
         impl: the implementation (type-annotated: its annotations are the schema).
         fake: the fake kernel, same arguments.
-        n_diff: how many leading tensors are differentiable.
+        n_diff: how many leading tensors are differentiable; 0: a plain op (no autograd,
+            no ``compute_grad``), the registered op while compiling, ``impl`` otherwise.
         batch_dim: the batch axis of every gradient.
         batch_scale: ``(grad_value, grads, scale_args) -> per-slice factor`` along
             ``batch_dim``, for gradients whose batch axis is not the value's (a packed
@@ -84,7 +85,9 @@ class OpDecl:
             else (-1, _EagerVjp, _eager_vjp_apply, _FuncVjp))
         op = torch.library.custom_op(name, impl, mutates_args=())
         op.register_fake(fake)
-        if vjp is None:
+        if n_diff == 0:
+            pass
+        elif vjp is None:
             op.register_autograd(self._op_backward, setup_context=self._op_setup)
         else:
             op.register_autograd(self._vjp_op_backward, setup_context=self._vjp_op_setup)
@@ -176,6 +179,8 @@ class OpDecl:
     def __call__(self, *args) -> tuple[Tensor, ...]:
         """``(value, *grads)``: the registered op while tracing, the ``torch.func`` Function
         under a transform, the eager ``autograd.Function`` otherwise."""
+        if not self.n_diff:  # a plain op: the implementation runs even on fake tensors
+            return self.op(*args) if _compiling() else self.impl(*args)
         return self._call(self._traced(args), args)
 
     def _call(self, how: int, args: tuple) -> tuple[Tensor, ...]:

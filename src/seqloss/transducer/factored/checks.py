@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..._core import checks as _validate
 from ..._core.errors import InputError, InputTypeError
+from ..._core.opdecl import OpDecl
 
 RNNT_TYPES = ("regular", "modified", "constrained")
 
@@ -193,21 +194,13 @@ def bounds_impl(
     return lens.contiguous(), sym_ext
 
 
-bounds_op = torch.library.custom_op("seqloss::factored_bounds", bounds_impl, mutates_args=())
-
-
-@bounds_op.register_fake
-def _(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type, s_range, validate):
+def _bounds_fake(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type, s_range,
+                 validate):
     B, S = symbols.shape
     return symbols.new_empty((B, 4)), symbols.new_empty((B, S + 1))
 
 
-def bounds(boundary: Tensor | None, symbols: Tensor, ranges: Tensor | None, T: int, C: int,
-           termination_symbol: int, rnnt_type: str, s_range: int, validate: bool
-           ) -> tuple[Tensor, Tensor]:
-    """The op while compiling, its implementation otherwise (no dispatch cost)."""
-    if torch.compiler.is_compiling():
-        return bounds_op(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type,
-                         s_range, validate)
-    return bounds_impl(boundary, symbols, ranges, T, C, termination_symbol, rnnt_type, s_range,
-                       validate)
+# Not differentiable: the op while compiling, its implementation otherwise (no dispatch cost).
+bounds_decl = OpDecl("seqloss::factored_bounds", bounds_impl, _bounds_fake, n_diff=0)
+bounds_op = bounds_decl.op
+bounds = bounds_decl
