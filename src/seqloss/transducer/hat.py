@@ -35,7 +35,8 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import resolve_backend
 from .._core.module import LossModule
-from .._core.ops import _keep_graph, call_loss_op, conform_layout, grad_to_hand_on
+from .._core.opdecl import OpDecl
+from .._core.ops import _keep_graph, conform_layout
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .arc_logprobs import (
@@ -237,36 +238,16 @@ def hat_loss_impl(logits: Tensor, targets: Tensor, logit_lengths: Tensor, target
     return out, conform_layout(grad, logits)
 
 
-hat_loss_op = torch.library.custom_op("seqloss::hat_loss", hat_loss_impl, mutates_args=())
-
-
-@hat_loss_op.register_fake
-def _(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda,
-      delay_penalty, reduction, zero_infinity, chunk, backend, compute_grad, validate):
+def _hat_fake(logits, targets, logit_lengths, target_lengths, blank, clamp, fastemit_lambda,
+              delay_penalty, reduction, zero_infinity, chunk, backend, compute_grad, validate):
     shape = (logit_lengths.shape[0],) if reduction == "none" else ()
     loss = logits.new_empty(shape, dtype=acc_dtype(logits.dtype))
     grad = torch.empty_like(logits) if compute_grad else logits.new_empty((0,))
     return loss, grad
 
 
-def _hat_setup(ctx, inputs, output):
-    ctx.set_materialize_grads(False)  # the gradient output takes no incoming gradient
-    ctx.compute_grad = inputs[-2]
-    ctx.validate = inputs[-1]
-    ctx.save_for_backward(output[1])
-
-
-def _hat_backward(ctx, grad_loss, _):
-    nones = (None,) * 13
-    if grad_loss is None:
-        return (None, *nones)
-    if not ctx.compute_grad:
-        raise RuntimeError("seqloss: hat_loss was called without a gradient wanted")
-    (grad,) = ctx.saved_tensors
-    return (grad_to_hand_on(grad, grad_loss, 0, ctx.validate), *nones)
-
-
-hat_loss_op.register_autograd(_hat_backward, setup_context=_hat_setup)
+hat_loss_decl = OpDecl("seqloss::hat_loss", hat_loss_impl, _hat_fake)
+hat_loss_op = hat_loss_decl.op
 
 
 def _options(clamp: object, reduction: object, fastemit_lambda: object, delay_penalty: object,
@@ -306,11 +287,8 @@ def hat_loss(
     name = resolve_backend(backend, logits.device)
     chunk = default_chunk(logits.device, chunk_elements)
     compute_grad = torch.is_grad_enabled() and logits.requires_grad
-    # The op while tracing; eagerly its implementation behind a plain autograd.Function
-    # (torch.func included), as every loss op here.
-    loss, _ = call_loss_op(hat_loss_op, hat_loss_impl, 0, None, logits, tg, il, tl, blank, clamp,
-                           lam, dp, reduction, zero_infinity, chunk, name, compute_grad, validate)
-    return loss
+    return hat_loss_decl.value(logits, tg, il, tl, blank, clamp, lam, dp, reduction,
+                               zero_infinity, chunk, name, compute_grad, validate)
 
 
 _DOC_COMMON = r"""
