@@ -155,7 +155,7 @@ def _logaddexp(a, b):
     return b + math.log1p(math.exp(a - b))
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _labels(targets, toff, b, Lb, blank):
     """Blank then sequence ``b``'s labels: row ``b`` of padded ``(B, S)`` targets
     (``toff`` empty), or ``targets[0, toff[b]:]`` of concatenated ones (``(1, N)``)."""
@@ -171,7 +171,7 @@ def _labels(targets, toff, b, Lb, blank):
     return lab
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _poisoned(x, tb_layout, b, Tb, C):
     """Whether a frame ``t < T_b`` of sequence ``b`` holds NaN or ``+inf`` (any class)."""
     for t in range(Tb):
@@ -182,7 +182,7 @@ def _poisoned(x, tb_layout, b, Tb, C):
     return False
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _check_values(targets, concat, il, tl, T, C, blank):
     """The CTC value checks in one pass; 0 when they all hold, else nonzero (the
     caller then runs the Python checks, which raise the error naming the input).
@@ -209,7 +209,7 @@ def _check_values(targets, concat, il, tl, T, C, blank):
     return 0, toff
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _offsets(tl):
     toff = np.empty(tl.shape[0], np.int64)
     off = 0
@@ -237,7 +237,7 @@ def _I0():
     return np.int64(0)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _zero_rows(grad, tb_layout, b, t0, t1):
     C = grad.shape[2]
     for t in range(t0, t1):
@@ -280,7 +280,7 @@ FULL_STORE_BYTES = 32 << 20
 _SEGMENT_OVERRIDE = 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _seg_len(Tb, row_bytes, compute_grad, seg):
     """Rows of the ring buffers (frames per segment) for a sequence of ``T_b >= 1`` frames."""
     if not compute_grad:
@@ -1180,7 +1180,7 @@ def _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused,
         _scale_rows(grad, tb_layout, b, Tb, w)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _scale_rows(grad, tb_layout, b, Tb, w):
     for t in range(Tb):
         for c in range(grad.shape[2]):
@@ -1212,16 +1212,16 @@ def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute
 
 # --------------------------------------------------------------------------- entry point
 RED_NONE = reduce.NONE
-_seq_weight = njit(cache=True)(reduce.seq_weight)
+_seq_weight = njit(inline="always", cache=True)(reduce.seq_weight)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _red_total(red, tl):
     """``sum_b L_b`` where the reduction (``reduce.CODES``) needs it, else 0."""
     return tl.sum() if red == reduce.MEAN_VOLUME else 0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
     """``zero_infinity`` (in place, on the losses and the gradient ``grad``, empty when
     none) and the reduction (``reduce.CODES``), as ``seqloss._core.reduce.finish``: the
@@ -1337,10 +1337,10 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     """Sequences ``job * chunk`` to ``(job + 1) * chunk - 1``, one ``_ctc_seq`` each: a job
     of the pool (see ``_run_batch``).
 
-    ``kind``: ``_ZERO[dtype]``, a zero of the inputs' dtype and the addresses of
-    ``_ctc_fast_one`` and ``_fast_alpha`` compiled for it. The arrays arrive as addresses of
+    ``kind``: ``_ZERO[dtype]``, the addresses of ``_ctc_fast_one`` and ``_fast_alpha``
+    compiled for the inputs' dtype, in an array of that dtype. The arrays arrive as addresses of
     C-contiguous memory (torch tensors' ``data_ptr()``) with their shapes: ``x`` and
-    ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind[0]``'s dtype (float32
+    ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind``'s dtype (float32
     or float64), ``targets (R, S)``, ``il``, ``tl`` and the offsets ``toff`` ``(B,)`` int64,
     ``loss (B,)``, ``status (B,)`` int64, ``out (1,)``.
     Address 0 (``toff``, ``loss``, ``status``, ``out``): not wanted, scratch memory is
@@ -1359,7 +1359,9 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     for both: a second entry point compiling the same callees costs 2.5-3.6 s more on a
     fresh cache.
     """
-    zero, fast_one, alpha = kind
+    zero = kind[0]
+    addr = kind.view(np.int64)
+    fast_one, alpha = addr[0], addr[1]
     i0 = np.int64(0)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
@@ -1403,7 +1405,9 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     ``_ctc_chunk`` left ``PENDING`` (with ``statusp == 0`` it did not keep them: every
     sequence is run again, bit for bit), then ``_finish`` into ``out``. A separate
     entry point, so that it is compiled only when an input leaves the fast path."""
-    zero, fast_one, alpha = kind
+    zero = kind[0]
+    addr = kind.view(np.int64)
+    fast_one, alpha = addr[0], addr[1]
     i0 = np.int64(0)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
@@ -1585,7 +1589,7 @@ def ctc_loss_forward(
         if (status.numpy() == PENDING).any():
             _ctc_fallback(*args)
         elif zero_infinity or red != RED_NONE:
-            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work][0].dtype)
+            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work].dtype)
             _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
                     tb_layout)
     loss = loss if red == RED_NONE else out
@@ -1613,17 +1617,17 @@ def _fast_one_sig(dt):
 
 
 class _Kinds(dict):
-    """torch dtype -> ``(zero, address, address)``: the entry points' first argument (see
-    ``_ctc_chunk``); the dtype's ``_ctc_fast_one`` and ``_fast_alpha`` are compiled (or
-    loaded from the cache) on the dtype's first call."""
+    """torch dtype -> the entry points' first argument (see ``_ctc_chunk``): the addresses
+    of the dtype's ``_ctc_fast_one`` and ``_fast_alpha`` (compiled, or loaded from the
+    cache, on the dtype's first call) in an array of that dtype. An array, not a tuple:
+    the dispatcher types an array in C, a tuple in Python (~30 us a call)."""
 
     def __missing__(self, dtype):
         f32 = dtype == torch.float32
         dt = types.float32 if f32 else types.float64
-        kind = self[dtype] = (
-            np.float32(0.0) if f32 else np.float64(0.0),
-            _address(_ctc_fast_one, _fast_one_sig(dt), types.int64),
-            _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES))
+        addr = np.array([_address(_ctc_fast_one, _fast_one_sig(dt), types.int64),
+                         _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES)], np.int64)
+        kind = self[dtype] = addr.view(np.float32 if f32 else np.float64)
         return kind
 
 
