@@ -2,12 +2,10 @@
 
 Each loss is one op returning per-sequence ``(loss, grad)``: the gradient is computed
 in the forward pass (function merging, as torchaudio does) and the backward only
-scales it by the incoming per-sequence gradient (``grad_to_hand_on``). The op is a
-``torch.library`` custom op (fake kernel, autograd formula) for the compiler, and
-the same implementation behind a plain ``autograd.Function`` in eager mode
-(``call_loss_op``: the library's Python dispatch costs ~30 us a call). The backend is
-a string argument, resolved before the call, so tests can force the Triton kernels
-on CPU tensors under ``TRITON_INTERPRET=1``.
+scales it by the incoming per-sequence gradient (``grad_to_hand_on``). How an op is
+declared, registered and called is ``_core.opdecl``; these are the pieces it and the
+fast lanes share. The backend is a string argument, resolved before the call, so
+tests can force the Triton kernels on CPU tensors under ``TRITON_INTERPRET=1``.
 
 Value checks (lengths, ids) run inside the op implementations: those run eagerly
 even under ``torch.compile``, so checking there costs no graph break.
@@ -166,48 +164,6 @@ def _functorch_wrapped(t: Tensor) -> bool:
     return torch._C._functorch.is_functorch_wrapped_tensor(t)
 
 
-def _loss_backward(ctx, grad_loss: Tensor | None) -> Tensor | None:
-    if grad_loss is None:
-        return None
-    (grad,) = ctx.saved_tensors
-    if _functorch_wrapped(grad_loss):
-        g = grad_loss if ctx.per_batch is None else ctx.per_batch(grad_loss)
-        return batch_product(grad, g, ctx.batch_dim)
-    return grad_to_hand_on(grad, grad_loss, ctx.batch_dim, ctx.validate, ctx.per_batch)
-
-
-class _EagerLoss(torch.autograd.Function):
-    """A loss op's implementation in eager mode: the same function as the registered op,
-    behind a plain ``autograd.Function``.
-
-    Why not the ``torch.library`` op everywhere: its Python dispatch costs ~30 us per
-    call (measured: 32 us for an op with an empty body, against 8 us for this), most
-    of a small batch's budget. Under ``torch.compile`` and any other tracing the
-    registered op is used (its fake kernel and autograd formula are what the compiler
-    needs). The old-style ``forward(ctx, ...)``: ``setup_context`` costs an
-    ``inspect.signature`` per call, so only the ``torch.func`` twin below has one.
-    Everything but the differentiable input travels in one tuple: ``apply`` costs
-    ~0.5 us per argument.
-    """
-
-    @staticmethod
-    def forward(ctx, spec, x):
-        impl, batch_dim, per_batch, rest = spec
-        out = impl(x, *rest)
-        ctx.batch_dim, ctx.per_batch, ctx.validate = batch_dim, per_batch, rest[-1]
-        # The gradient output stays "differentiable" on purpose: saved and unpacked, it
-        # is attached to this node, so under create_graph the product through
-        # scale_grad is too, and a double backward meets its clear error. No incoming
-        # gradient is ever materialized for it (no logits-sized zeros).
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(out[1])
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_grad):
-        return None, _loss_backward(ctx, grad_loss)
-
-
 def c_apply(cls: type[torch.autograd.Function]):
     """``cls``'s C++ ``apply``, without ``Function.apply``'s Python wrapper (~1 us a call,
     which binds default arguments for ``setup_context`` and unwraps dead functorch
@@ -221,46 +177,6 @@ def apply_eagerly(cls: type[torch.autograd.Function], fast, *args):
     if not torch._C._are_functorch_transforms_active():
         return fast(*args)
     return cls.apply(*args)
-
-
-_eager_apply = c_apply(_EagerLoss)
-
-
-class _FuncLoss(torch.autograd.Function):
-    """``_EagerLoss`` for ``torch.func`` transforms (grad, vjp, jacrev), which need
-    ``setup_context``; ``vmap`` and ``jvp`` are not supported."""
-
-    @staticmethod
-    def forward(spec, x):
-        return spec[0](x, *spec[3])
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        spec = inputs[0]
-        ctx.batch_dim, ctx.per_batch, ctx.validate = spec[1], spec[2], spec[3][-1]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(output[1])
-
-    backward = _EagerLoss.backward
-
-
-def call_loss_op(op, impl, batch_dim: int, per_batch, x: Tensor, *rest) -> tuple[Tensor, Tensor]:
-    """Run a loss: the registered ``op`` while tracing, ``impl`` behind an
-    ``autograd.Function`` eagerly.
-
-    ``rest`` ends with ``(..., compute_grad, validate)``; ``per_batch`` maps the
-    incoming gradient to one factor per slice of ``batch_dim`` (``None``: it already
-    is, or is a scalar).
-    """
-    if torch.compiler.is_compiling():
-        return op(x, *rest)
-    if _functorch_wrapped(x):
-        return _FuncLoss.apply((impl, batch_dim, per_batch, rest), x)
-    if isinstance(x, (FakeTensor, FunctionalTensor)) or torch._is_functional_tensor(x):
-        return op(x, *rest)
-    if not rest[-2]:  # no gradient wanted: no autograd wrapper either
-        return impl(x, *rest)
-    return apply_eagerly(_EagerLoss, _eager_apply, (impl, batch_dim, per_batch, rest), x)
 
 
 def batch_product(grad: Tensor, grad_loss: Tensor, batch_dim: int) -> Tensor:

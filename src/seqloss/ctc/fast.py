@@ -8,7 +8,7 @@ tensor, int64 CPU tensors for the targets and lengths, the Numba backend, no tra
 no functorch transform, a batch the calling thread runs (``numba_cpu._inline``) --
 recognises it with exact-type tests, and calls the general path's own Numba entry
 point (which checks the values and raises the same errors) behind an
-``autograd.Function`` with the same semantics as ``_core.ops._EagerLoss``. Any other
+``autograd.Function`` with the same semantics as ``_core.opdecl._EagerOp``. Any other
 call returns ``None`` and takes the general path; both give the same bits
 (``tests/test_ctc_fast.py``).
 """
@@ -121,7 +121,7 @@ def _run(spec, lp):
 
 
 class _FastCTC(torch.autograd.Function):
-    """``_core.ops._EagerLoss`` for the lane: the same backward rule (``grad_to_hand_on``)
+    """``_core.opdecl._EagerOp`` for the lane: the same backward rule (``grad_to_hand_on``)
     and autograd semantics, with one output and the gradient kept on ``ctx`` (two
     outputs, ``save_for_backward`` and a detached alias cost ~1.5 us a call here, 4% of
     a B=1 forward+backward)."""
