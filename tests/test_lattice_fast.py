@@ -78,6 +78,13 @@ def test_lane_is_taken_only_for_the_common_call():
     assert fast.lattice_fast(a, e, *args, "reference", True, True) is None
     bad = torch.tensor([7, 9, 0])  # out of range: the general path raises the error
     assert fast.lattice_fast(a, e, bad, tl, *args[2:], "numba", True, True) is None
+    # a large batch (the lengths read through numpy): in range, then one out of range
+    ab, ae, _, _ = _inputs(B=3)
+    a, e = ab.repeat(30, 1, 1, 1).requires_grad_(), ae.repeat(30, 1, 1, 1).requires_grad_()
+    il, tl = torch.full((90,), 6), torch.full((90,), 3)
+    assert fast.lattice_fast(a, e, il, tl, *args[2:], "numba", True, True) is not None
+    tl[77] = 5  # the arcs hold U + 1 = 5 rows: U_b <= 4
+    assert fast.lattice_fast(a, e, il, tl, *args[2:], "numba", True, True) is None
 
 
 def test_lane_is_taken_through_dispatch(monkeypatch):
