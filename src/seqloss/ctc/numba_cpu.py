@@ -52,6 +52,15 @@ when ``dp > 0``), and once that passes float64's range the fast path's range che
 send the sequence to the extended-range path: the result stays exact, at that path's
 cost (``dp = 0.01`` at ``T_b = 500`` stays on the fast path, ``0.05`` leaves it).
 
+Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
+a callee's code into every caller and optimizes and emits it again there, so the two
+largest functions, ``_ctc_fast_one`` and ``_fast_alpha``, are called through the
+address of their compiled code (``_call_fast_one``, ``_call_fast_alpha``, the
+addresses in ``_ZERO``) and compiled once each; the extended and log-space paths
+(``_ctc_fallback``) compile only when an input needs them; small helpers are inlined
+(each separate function is one more module, machine-code emission and cache entry).
+float32 first call (forward+backward, 2-core machine): ~22 s of CPU before, ~14 s.
+
 Why not log space throughout: the installed llvmlite has no vector math
 library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
 ``exp`` used here (``_exp``) is written out (Cody-Waite reduction, degree-12
