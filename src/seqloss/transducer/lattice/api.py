@@ -36,6 +36,42 @@ def _durations(x: object, name: str, low: int) -> list[int]:
     return out
 
 
+_FLOATS = (torch.float32, torch.float64)
+_I64 = torch.int64
+
+
+def _exact_durations(d: object, n: int, low: int) -> list[int] | None:
+    if type(d) is not tuple and type(d) is not list or len(d) != n:
+        return None
+    for x in d:
+        if type(x) is not int or x < low:
+            return None
+    return list(d)
+
+
+def _common_call(ab, ae, il, tl, bd, ed, can, validate) -> tuple | None:
+    """The op's arguments for the common CPU call (exact types: the checks below are then
+    all it needs), or ``None`` for the general conversion. After a kernel call the
+    caches are cold and every line costs several times its warm time: this keeps the
+    small lattice's eager call as short as the fast lane it leads to."""
+    if (type(ab) is not Tensor or type(ae) is not Tensor or ab.dtype not in _FLOATS
+            or ae.dtype not in _FLOATS or not ab.is_cpu or not ae.is_cpu or ab.dim() != 4
+            or ae.dim() != 4 or type(can) is not bool or type(validate) is not bool
+            or type(il) is not Tensor or type(tl) is not Tensor or il.dtype is not _I64
+            or tl.dtype is not _I64 or not il.is_cpu or not tl.is_cpu or il.dim() != 1
+            or tl.dim() != 1):
+        return None
+    sb, se = ab.shape, ae.shape
+    B = sb[0]
+    if se[0] != B or se[1] != sb[1] or se[2] != sb[2] or il.shape[0] != B or tl.shape[0] != B:
+        return None
+    bd = _exact_durations(bd, sb[3], 1)
+    ed = _exact_durations(ed, se[3], 0)
+    if bd is None or ed is None:
+        return None
+    return ab, ae, il, tl, bd, ed, can
+
+
 def transducer_lattice(
     arc_blank: Tensor,
     arc_emit: Tensor,
@@ -89,6 +125,13 @@ def transducer_lattice(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd (double backward raises), torch.compile (fullgraph).
     """
+    common = _common_call(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
+                          emit_durations, emit_can_end, validate)
+    if common is not None:
+        compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad
+                                                    or arc_emit.requires_grad)
+        return lattice_decl.value(*common, resolve_backend(backend, arc_blank.device),
+                                  compute_grad, validate)
     emit_can_end = _validate.flag(emit_can_end, "emit_can_end")
     validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(arc_blank, "arc_blank")
