@@ -158,3 +158,21 @@ def test_lane_under_compile_and_functorch():
     g = torch.func.grad(lambda x: seqloss.transducer_lattice(x, ae, *args).sum())(ab)
     ref = torch.autograd.grad(eager.sum(), a)[0]
     torch.testing.assert_close(g, ref)
+
+
+def test_common_call_and_general_conversion_agree():
+    """Exact-type arguments skip the generic conversion; anything else converts: the same
+    bits, and the same errors for what the short path does not accept."""
+    ab, ae, il, tl = _inputs()
+    outs = []
+    for lens in ((il, tl), (il.tolist(), tl.tolist()), (il.int(), tl.int())):
+        a, e = ab.clone().requires_grad_(), ae.clone().requires_grad_()
+        ll = seqloss.transducer_lattice(a, e, *lens, (1, 2), (0, 1))
+        outs.append((ll, *torch.autograd.grad(ll.sum(), (a, e))))
+    for other in outs[1:]:
+        for x, y in zip(outs[0], other, strict=True):
+            assert torch.equal(x, y)
+    with pytest.raises(TypeError, match=r"blank_durations\[1\] must be an int"):
+        seqloss.transducer_lattice(ab, ae, il, tl, (1, True), (0, 1))
+    with pytest.raises(seqloss.InputError, match="target_lengths"):
+        seqloss.transducer_lattice(ab, ae, il, tl[:2], (1, 2), (0, 1))
