@@ -257,7 +257,7 @@ def _zero_rows(grad, tb_layout, b, t0, t1):
                 grad[b, t, c] = 0.0
 
 
-@njit(cache=True, error_model="numpy")
+@njit(inline="always", cache=True, error_model="numpy")
 def _copy_row(dst, i, src, j):
     """``dst[i] = src[j]`` for 2-D arrays of one width. Written out: an array assigned to a
     slice compiles the shape-mismatch error's message formatting (~3.5 s on a fresh cache)."""
