@@ -48,9 +48,10 @@ def test_compile_fullgraph_dynamic_no_recompile(backend):
 def test_opcheck_ctc():
     x, tg, il, tl = _ctc_inputs(6)
     x = x.double().requires_grad_()
-    for fused, reduction, zinf in ((False, "none", False), (True, "mean_target", True),
-                                   (False, "sum", False)):
-        args = (x, tg, il, tl, 0, fused, reduction, zinf, "reference", True, True)
+    for fused, reduction, zinf, dp in ((False, "none", False, 0.0),
+                                       (True, "mean_target", True, 0.3),
+                                       (False, "sum", False, -0.2)):
+        args = (x, tg, il, tl, 0, fused, reduction, zinf, dp, "reference", True, True)
         torch.library.opcheck(torch.ops.seqloss.ctc_loss.default, args)
 
 
