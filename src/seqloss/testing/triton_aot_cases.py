@@ -64,15 +64,16 @@ def _backward(loss: torch.Tensor) -> None:
 
 
 # --------------------------------------------------------------------------- per function
-def _ctc(T, B, C, S, dt, fused, grad, tag) -> Case:
+def _ctc(T, B, C, S, dt, fused, grad, tag, dp=0.0) -> Case:
     def run() -> None:
         x = _x((T, B, C), dt, grad=grad)
         lp = x if fused else x.float().log_softmax(-1).to(dt).detach().requires_grad_(grad)
         loss = seqloss.ctc_loss(lp, _labels(B, S, C), _lengths(B, T), _lengths(B, S),
-                                reduction="sum", fused_log_softmax=fused, **TRITON)
+                                reduction="sum", fused_log_softmax=fused, delay_penalty=dp,
+                                **TRITON)
         _backward(loss)
 
-    v = ("fused" if fused else "logprobs") + ("" if grad else ",nograd")
+    v = ("fused" if fused else "logprobs") + ("" if grad else ",nograd") + (",dp" if dp else "")
     return Case(f"ctc_loss[{v},{_SHORT[dt]},{tag}]", "ctc_loss", run)
 
 
@@ -108,15 +109,16 @@ def _rnnt(B, T, U, V, dt, tag, *, fused=True, grad=True, clamp=-1.0, packed=Fals
     return Case(f"{fn}[{v + ',' if v else ''}{_SHORT[dt]},{tag}]", fn, run)
 
 
-def _multiblank(B, T, U, V, dt, tag, grad=True) -> Case:
+def _multiblank(B, T, U, V, dt, tag, grad=True, dp=0.0) -> Case:
     def run() -> None:
         x = _x((B, T, U + 1, V), dt, grad=grad)
         loss = seqloss.multiblank_rnnt_loss(x, _labels(B, U, V - 3, low=0), _lengths(B, T),
                                             _lengths(B, U), [2, 4], sigma=0.05, clamp=0.5,
-                                            reduction="sum", **TRITON)
+                                            reduction="sum", delay_penalty=dp, **TRITON)
         _backward(loss)
 
-    return Case(f"multiblank_rnnt_loss[{'' if grad else 'nograd,'}{_SHORT[dt]},{tag}]",
+    v = ("" if grad else "nograd,") + ("dp," if dp else "")
+    return Case(f"multiblank_rnnt_loss[{v}{_SHORT[dt]},{tag}]",
                 "multiblank_rnnt_loss", run)
 
 
@@ -360,6 +362,9 @@ def small_cases() -> list[Case]:
     # A batch of one: B = 1 is a constexpr argument, its own specialization.
     out += [_ctc(12, 1, 7, 4, torch.float32, True, True, "B=1"),
             _rnnt(1, 6, 3, 7, torch.float32, "B=1"), _lattice(1, 6, 3, torch.float32, "B=1")]
+    # delay_penalty: CTC's DELAY specialization; the joint's penalty (a parameter entry).
+    out += [_ctc(12, 2, 7, 4, torch.float32, fused, True, "dp", dp=0.3) for fused in (True, False)]
+    out.append(_multiblank(2, 6, 3, 7, torch.float32, "dp", dp=-0.3))
     # A batch past CUDA's 65,535 on the grid's y axis (it was there once), on meta tensors.
     out.append(_meta_logmm(70_000, 8, 6, 8, torch.float32, "B=70000"))
     return out
