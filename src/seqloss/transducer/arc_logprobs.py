@@ -40,7 +40,6 @@ from .from_joint import (
     _autocast_state,
     _call_joint,
     _fake_logits,
-    _keep,
     _plan_pads,
     _plan_tiles,
     _rng_state,
@@ -48,6 +47,8 @@ from .from_joint import (
     _set_rng_state,
     _setup,
     _tile_streams,
+    push_tile,
+    zero_unreached,
 )
 
 RowFn = Callable[[tuple[Tensor, ...], Tensor], tuple[Tensor, ...]]
@@ -310,7 +311,6 @@ def joint_backward(spec: RowSpec, enc: Tensor, pred: Tensor, params: list[Tensor
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             for tile, pad, mask, st in zip(spec.tiles, spec.pads, spec.masks, states,
                                            strict=True):
-                b0, b1, t0, t1, u0, u1 = tile
                 e_t, p_u = _tile_streams(pad, enc, pred, tile)
                 e_t = e_t.detach().requires_grad_(need_e)
                 p_u = p_u.detach().requires_grad_(need_p)
@@ -324,40 +324,10 @@ def joint_backward(spec: RowSpec, enc: Tensor, pred: Tensor, params: list[Tensor
                 del x
                 if g is None:
                     continue
-                g = g.to(logits.dtype)
-                keep_e, keep_p = (None, None) if pad is None else (pad.keep_e, pad.keep_p)
-                if spec.is_module:
-                    inputs = ([e_t] if need_e else []) + ([p_u] if need_p else []) + \
-                        [params[i] for i in want]
-                    if not inputs:
-                        continue
-                    grads = torch.autograd.grad(logits, inputs, g, allow_unused=True)
-                    k = 0
-                    if need_e:
-                        if grads[0] is not None:
-                            ge[b0:b1, t0:t1] += _keep(grads[0], keep_e)  # type: ignore[index]
-                        k += 1
-                    if need_p:
-                        if grads[k] is not None:
-                            gp[b0:b1, u0:u1] += _keep(grads[k], keep_p)  # type: ignore[index]
-                        k += 1
-                    for i, gi in zip(want, grads[k:], strict=True):
-                        if gi is not None:
-                            gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
-                else:
-                    # Any callable: what it closes over gets .grad, as in
-                    # torch.utils.checkpoint's reentrant mode.
-                    torch.autograd.backward(logits, g)
-                    if need_e and e_t.grad is not None:
-                        ge[b0:b1, t0:t1] += _keep(e_t.grad, keep_e)  # type: ignore[index]
-                    if need_p and p_u.grad is not None:
-                        gp[b0:b1, u0:u1] += _keep(p_u.grad, keep_p)  # type: ignore[index]
+                push_tile(spec.is_module, logits, g.to(logits.dtype), e_t, p_u, tile, pad,
+                          params, want, ge, gp, gparams)
                 del logits, g
-    # A parameter no tile reached still gets a zero gradient (a data-parallel rank
-    # without data must reduce every parameter's gradient with the others).
-    for i in want:
-        if gparams[i] is None:
-            gparams[i] = torch.zeros_like(params[i])
+    zero_unreached(params, want, gparams)
     return ge, gp, gparams
 
 

@@ -519,6 +519,52 @@ def _keep(grad: Tensor, keep: Tensor | None) -> Tensor:
     return grad if keep is None else grad.masked_fill(~keep, 0.0)
 
 
+def push_tile(is_module: bool, logits: Tensor, g: Tensor, e_t: Tensor, p_u: Tensor,
+              tile: Tile, pad: _Pad | None, params: list[Tensor], want: list[int],
+              ge: Tensor | None, gp: Tensor | None, gparams: list[Tensor | None]) -> None:
+    """A tile's logits gradient ``g`` pushed through the joint (``logits`` recomputed from
+    the tile's streams ``e_t``, ``p_u``, which require grad where wanted), accumulated into
+    ``ge``, ``gp`` (``None``: not wanted) and ``gparams`` (the parameters at ``want``)."""
+    b0, b1, t0, t1, u0, u1 = tile
+    # what the copies standing in for padding receive goes to no one (_Pad)
+    keep_e, keep_p = (None, None) if pad is None else (pad.keep_e, pad.keep_p)
+    if is_module:
+        inputs = ([e_t] if ge is not None else []) + ([p_u] if gp is not None else []) + \
+            [params[i] for i in want]
+        if not inputs:
+            return
+        grads = torch.autograd.grad(logits, inputs, g, allow_unused=True)
+        k = 0
+        if ge is not None:
+            if grads[0] is not None:
+                ge[b0:b1, t0:t1] += _keep(grads[0], keep_e)
+            k += 1
+        if gp is not None:
+            if grads[k] is not None:
+                gp[b0:b1, u0:u1] += _keep(grads[k], keep_p)
+            k += 1
+        for i, gi in zip(want, grads[k:], strict=True):
+            if gi is not None:
+                gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
+    else:
+        # Any callable: whatever it closes over gets .grad as in
+        # torch.utils.checkpoint's reentrant mode.
+        torch.autograd.backward(logits, g)
+        if ge is not None and e_t.grad is not None:
+            ge[b0:b1, t0:t1] += _keep(e_t.grad, keep_e)
+        if gp is not None and p_u.grad is not None:
+            gp[b0:b1, u0:u1] += _keep(p_u.grad, keep_p)
+
+
+def zero_unreached(params: list[Tensor], want: list[int], gparams: list[Tensor | None]) -> None:
+    """A parameter no tile reached (an empty batch, no frame anywhere) gets a zero
+    gradient, not None: a data-parallel rank without data must still reduce every
+    parameter's gradient with the others."""
+    for i in want:
+        if gparams[i] is None:
+            gparams[i] = torch.zeros_like(params[i])
+
+
 class _FromJoint(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, encoder_out, predictor_out, *params):
@@ -571,43 +617,11 @@ class _FromJoint(torch.autograd.Function):
                 with torch.no_grad():
                     g = _tile_grad(plan, tile, pad, logits, m, ctx.bad, ctx.bad_host, ctx.dead)
                     g = g.to(logits.dtype)
-                # what the copies standing in for padding receive goes to no one (_Pad)
-                keep_e, keep_p = (None, None) if pad is None else (pad.keep_e, pad.keep_p)
-                if not logits.requires_grad:
-                    continue
-                if plan.is_module:
-                    inputs = ([e_t] if need_e else []) + ([p_u] if need_p else []) + \
-                        [params[i] for i in want]
-                    if not inputs:
-                        continue
-                    grads = torch.autograd.grad(logits, inputs, g, allow_unused=True)
-                    k = 0
-                    if need_e:
-                        if grads[0] is not None:
-                            ge[b0:b1, t0:t1] += _keep(grads[0], keep_e)  # type: ignore[index]
-                        k += 1
-                    if need_p:
-                        if grads[k] is not None:
-                            gp[b0:b1, u0:u1] += _keep(grads[k], keep_p)  # type: ignore[index]
-                        k += 1
-                    for i, gi in zip(want, grads[k:], strict=True):
-                        if gi is not None:
-                            gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
-                else:
-                    # Any callable: whatever it closes over gets .grad as in
-                    # torch.utils.checkpoint's reentrant mode.
-                    torch.autograd.backward(logits, g)
-                    if need_e and e_t.grad is not None:
-                        ge[b0:b1, t0:t1] += _keep(e_t.grad, keep_e)  # type: ignore[index]
-                    if need_p and p_u.grad is not None:
-                        gp[b0:b1, u0:u1] += _keep(p_u.grad, keep_p)  # type: ignore[index]
+                if logits.requires_grad:
+                    push_tile(plan.is_module, logits, g, e_t, p_u, tile, pad, params, want, ge,
+                              gp, gparams)
                 del logits, g
-        # A parameter no tile reached (an empty batch, no frame anywhere) gets a zero
-        # gradient, not None: a data-parallel rank without data must still reduce every
-        # parameter's gradient with the others.
-        for i in want:
-            if gparams[i] is None:
-                gparams[i] = torch.zeros_like(params[i])
+        zero_unreached(params, want, gparams)
         return (None, ge, gp, *gparams)
 
 
