@@ -337,7 +337,8 @@ def diagnose(kind: str, *loss_args: Any, **loss_kwargs: Any) -> Diagnosis:
     # Under torch.inference_mode the inputs are inference tensors, which autograd cannot
     # save: the report works on ordinary copies, with autograd on.
     with torch.inference_mode(False), torch.enable_grad():
-        if kind == "tdt" and isinstance(x_in, (tuple, list)):
+        pair = fam.transducer is not None and fam.transducer.pair_input
+        if pair and isinstance(x_in, (tuple, list)):
             # TDT's (token_logits, duration_logits) pair: a gradient for each part.
             xs = tuple(checks.check_float_tensor(p, f"{x_name}[{i}]").detach().clone()
                        .requires_grad_(True) for i, p in enumerate(x_in))
@@ -405,58 +406,52 @@ def _diagnose_ctc(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
     )
 
 
-def _diagnose_rnnt(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
-    V = x.shape[-1]
+def diagnose_transducer(fam: registry.Family, a: dict, x: Tensor | tuple[Tensor, Tensor],
+                        loss: Tensor, grad: Tensor | tuple[Tensor, Tensor]) -> Diagnosis:
+    """The report of a transducer family on the full joint, from its registry entry
+    (``fam.transducer``) and its joint table: the duration block, the normalization and
+    the extra fields are read there, not written per variant. ``x``, ``grad``: the
+    logits and their gradient, ``(B, T, U+1, C)``, or TDT's pair of blocks."""
+    spec = fam.transducer
+    assert spec is not None
+    if isinstance(x, tuple):  # TDT's (token_logits, duration_logits) pair
+        parts, grads = list(x), list(grad)
+    else:
+        parts, grads = [x], [grad]
+    V = parts[0].shape[-1]
+    table = _table(spec, a, V)
+    if table is not None and table.num_durations and len(parts) == 1:
+        # concatenated: the V token logits, then the D duration logits
+        V -= table.num_durations
+        table = _table(spec, a, V)
+        parts = [x[..., :V], x[..., V:]]
+        grads = [grad[..., :V], grad[..., V:]]
     blank = int(a.get("blank", -1))
     blank = blank + V if blank < 0 else blank
     fused = checks.flag(a.get("fused_log_softmax", True), "fused_log_softmax")
-    return _diagnose_joint("rnnt", a, [x], loss, [grad], blank, fused)
+    log_probs = None
+    if spec.log_probs is not None:
+        log_probs = [registry.resolve(spec.log_probs)(parts[0].double(), blank)]
+    extra: dict[str, Any] = {}
+    for k in spec.report:
+        if k == "big_blank_classes":  # NeMo's layout: big blank i at blank - 1 - i
+            extra[k] = [int(arc.token) for arc in table.blank_arcs[1:]]
+        elif k == "logits_layout":
+            extra[k] = "pair" if isinstance(x, tuple) else "concatenated"
+        elif isinstance(a.get(k), (list, tuple, Tensor)):
+            extra[k] = _int_list(a[k])
+        else:
+            _nonzero(extra, a, k)
+    return _diagnose_joint(fam.name, a, parts, loss, grads, blank, fused, extra, log_probs)
 
 
-def _diagnose_hat(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
-    V = x.shape[-1]
-    blank = int(a.get("blank", -1))
-    blank = blank + V if blank < 0 else blank
-    # HAT's own normalization: logsigmoid for the blank, logsigmoid(-z_blank) plus a
-    # log-softmax over the other classes for the labels.
-    z = x.double()
-    zb = z[..., blank : blank + 1]
-    labels = torch.cat([z[..., :blank], z[..., blank + 1 :]], -1)
-    lab = torch.nn.functional.logsigmoid(-zb) + torch.log_softmax(labels, -1)
-    lp = torch.cat([lab[..., :blank], torch.nn.functional.logsigmoid(zb), lab[..., blank:]], -1)
-    return _diagnose_joint("hat", a, [x], loss, [grad], blank, True, log_probs=[lp])
-
-
-def _diagnose_multiblank(a: dict, x: Tensor, loss: Tensor, grad: Tensor) -> Diagnosis:
-    V = x.shape[-1]
-    blank = int(a.get("blank", -1))
-    blank = blank + V if blank < 0 else blank
-    durs = _int_list(a["big_blank_durations"])
-    extra: dict[str, Any] = {
-        "big_blank_durations": durs,
-        # NeMo's layout: big blank i at blank - 1 - i.
-        "big_blank_classes": [blank - 1 - i for i in range(len(durs))],
-    }
-    _nonzero(extra, a, "sigma", "fastemit_lambda")
-    return _diagnose_joint("multiblank", a, [x], loss, [grad], blank, True, extra)
-
-
-def _diagnose_tdt(a: dict, x: Tensor | tuple[Tensor, Tensor], loss: Tensor,
-                  grad: Tensor | tuple[Tensor, Tensor]) -> Diagnosis:
-    durs = _int_list(a["durations"])
-    if isinstance(x, tuple):  # the (token_logits, duration_logits) pair
-        parts, grads = list(x), list(grad)
-        layout = "pair"
-    else:  # concatenated: the V token logits, then the D duration logits
-        V = x.shape[-1] - len(durs)
-        parts, grads = [x[..., :V], x[..., V:]], [grad[..., :V], grad[..., V:]]
-        layout = "concatenated"
-    V = parts[0].shape[-1]
-    blank = int(a.get("blank", -1))
-    blank = blank + V if blank < 0 else blank
-    extra: dict[str, Any] = {"durations": durs, "logits_layout": layout}
-    _nonzero(extra, a, "sigma", "omega")
-    return _diagnose_joint("tdt", a, parts, loss, grads, blank, True, extra)
+def _table(spec: registry.Transducer, a: dict, V: int) -> Any:
+    """The family's joint table for ``V`` token classes and the call's arguments."""
+    if spec.table is None:
+        return None
+    build = registry.resolve(spec.table)
+    params = inspect.signature(build).parameters
+    return build(V, **{k: v for k, v in a.items() if k in params and k != "V"})
 
 
 def _int_list(v: Any) -> list[int]:
