@@ -18,7 +18,9 @@ import torch
 
 import seqloss
 from seqloss.bench import ctc as ctc_bench
-from seqloss.bench import rnnt as rnnt_bench
+from seqloss.bench import module
+
+rnnt_bench = module("rnnt")  # seqloss.bench.transducer's RNN-T benchmark
 
 # The same case lists as the CPU benchmarks (seqloss.bench: one list per family).
 CTC_CASES = ctc_bench.SIZES["paper"]

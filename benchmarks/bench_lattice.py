@@ -2,7 +2,7 @@
 
     python benchmarks/bench_lattice.py [--repeat N] [--threads N] [--sizes paper|small]
 
-For each RNN-T case (seqloss.bench.rnnt's list), the float64 arc scores that
+For each RNN-T case (seqloss.bench.transducer's list), the float64 arc scores that
 ``rnnt_loss`` builds (blank and target log-probabilities), then, interleaved in one
 process:
 
@@ -26,8 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 
 import seqloss
-from seqloss.bench import rnnt as rnnt_bench
+from seqloss.bench import module
 from seqloss.transducer.lattice import numba_cpu
+
+rnnt_bench = module("rnnt")  # seqloss.bench.transducer's RNN-T benchmark
 
 
 def _arcs(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -45,10 +45,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 
-from seqloss.bench import rnnt as rnnt_bench
+from seqloss.bench import module
+
+rnnt_bench = module("rnnt")  # seqloss.bench.transducer's RNN-T benchmark
 
 THREADS = 2
-# The one RNN-T case list (seqloss.bench.rnnt, also behind `seqloss bench`).
+# The one RNN-T case list (seqloss.bench.transducer, also behind `seqloss bench`).
 CASES = rnnt_bench.cases("paper")
 make_inputs = rnnt_bench.make_inputs
 

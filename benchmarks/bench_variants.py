@@ -17,7 +17,7 @@ Reported per case: times (medians of interleaved rounds in one process), ``varia
 rnnt`` (target <= 1.5 on CPU), ``other / variant`` (transformers: target >= 20),
 and the extra peak memory of one call over the logits' bytes in a fresh process
 (target <= 1.1; the returned gradient counts). The same code as ``seqloss bench
---loss multiblank|tdt`` (``python -m seqloss.bench.tdt``).
+--loss multiblank|tdt`` (``python -m seqloss.bench.transducer tdt``).
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 
-from seqloss.bench import _variants
+from seqloss.bench import transducer
 
-VARIANTS = {"multiblank": _variants.MULTIBLANK, "tdt": _variants.TDT}
+VARIANTS = {"multiblank": transducer.variant("multiblank"), "tdt": transducer.variant("tdt")}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="paper", choices=sorted(_variants.SIZES))
+    ap.add_argument("--sizes", default="paper", choices=sorted(transducer.SIZES))
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-memory", action="store_true")
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     out: dict = {"machine": info}
     for name in args.loss or list(VARIANTS):
         v = VARIANTS[name]
-        rows = v.run(_variants.cases(args.sizes), repeat=args.repeat, memory=not args.no_memory,
+        rows = v.run(transducer.cases(args.sizes), repeat=args.repeat, memory=not args.no_memory,
                      with_slow=args.with_slow)
         pairs = v.pair_rows(rows)
         print(f"\n{name}\n")
-        print(_common.format_table(pairs, _variants.PAIR_COLUMNS))
+        print(_common.format_table(pairs, transducer.PAIR_COLUMNS))
         print()
         print("\n".join(v.notes(pairs)), flush=True)
         out[name] = {"rows": rows, "pairs": pairs}

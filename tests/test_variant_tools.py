@@ -70,19 +70,19 @@ def _tdt_arcs(V, durs):
 
 
 # ------------------------------------------------------------------ registry
-@pytest.mark.parametrize("name,fn,bench_mod", [
-    ("multiblank", "multiblank_rnnt_loss", "seqloss.bench.multiblank"),
-    ("tdt", "tdt_loss", "seqloss.bench.tdt"),
+@pytest.mark.parametrize("name,fn", [
+    ("multiblank", "multiblank_rnnt_loss"),
+    ("tdt", "tdt_loss"),
 ])
-def test_registry_entries(name, fn, bench_mod):
+def test_registry_entries(name, fn):
     fam = registry.family(name)
     assert fam.loss_fn() is getattr(seqloss, fn)
     assert fam.input_name == "logits" and fam.kernels == "joint"
     # The generic transducer report and benchmark, read off the entry: no per-variant code.
-    assert fam.diagnose is None and fam.transducer is not None
+    assert fam.diagnose is None and fam.bench is None and fam.transducer is not None
     assert fam.diagnose_fn().func is diagnose_transducer
     mod = fam.bench_module()
-    assert mod.__name__ == bench_mod
+    assert mod.name == name and mod.seqloss_name == f"seqloss {name}"
     for attr in ("cases", "implementations", "run", "pair_rows"):
         assert callable(getattr(mod, attr))
     assert name in registry.NAMES and name in bench.LOSSES
@@ -229,7 +229,7 @@ def test_doctor_multiblank(tmp_path, capsys):
 @pytest.mark.parametrize("loss", ["multiblank", "tdt"])
 def test_bench_cases_and_inputs(loss):
     mod = bench.module(loss)
-    from seqloss.bench import rnnt as rnnt_bench
+    rnnt_bench = bench.module("rnnt")
 
     for sizes in bench.SIZES:
         assert [(c["B"], c["T"], c["U"], c["V"]) for c in mod.cases(sizes)] == \
@@ -245,6 +245,29 @@ def test_bench_cases_and_inputs(loss):
         torch.testing.assert_close(d["logits"], mod.make_inputs(case)["logits"], rtol=0, atol=0)
     names = set(mod.implementations())
     assert {f"seqloss {loss}", "seqloss rnnt_loss"} <= names
+
+
+# The classes each family's benchmark must never draw as a target (written out here, not
+# read off the tables the benchmark reads): its blank-like classes, and TDT's durations.
+_BENCH_NOT_TARGETS = {
+    "rnnt": lambda V: {0},
+    "multiblank": lambda V: {V - 1, V - 2, V - 3, V - 4},
+    "tdt": lambda V: {V - 6, *range(V - 5, V)},
+    "hat": lambda V: {V - 1},
+}
+
+
+@pytest.mark.parametrize("loss", sorted(_BENCH_NOT_TARGETS))
+def test_bench_of_every_transducer_family_from_its_entry(loss):
+    mod = bench.module(loss)
+    assert registry.family(loss).bench is None  # the generic benchmark, read off the entry
+    case = mod.cases("tiny")[1]
+    d = mod.make_inputs(case)
+    V = case["V"]
+    banned = _BENCH_NOT_TARGETS[loss](V)
+    assert not set(d["targets"].unique().tolist()) & banned
+    grad = mod.implementations()[mod.seqloss_name](case)()
+    assert grad.shape == d["logits"].shape and bool(torch.isfinite(grad).all())
 
 
 def test_bench_pair_rows_by_hand():

@@ -139,7 +139,7 @@ FAMILIES: dict[str, Family] = {
         Family("ctc", "seqloss.ctc.api:ctc_loss", "log_probs", "ctc",
                diagnose="seqloss.diagnose:_diagnose_ctc", bench="seqloss.bench.ctc"),
         Family("rnnt", "seqloss.transducer.rnnt:rnnt_loss", "logits", "transducer",
-               bench="seqloss.bench.rnnt", transducer=Transducer(
+               transducer=Transducer(
                    table=f"{_TABLE}:rnnt_table", bench_blank=0, bench_name="seqloss",
                    baseline=False,
                    peers=(Peer("torchaudio", f"{_PEERS}:torchaudio_rnnt", ("torchaudio",)),
@@ -148,7 +148,7 @@ FAMILIES: dict[str, Family] = {
                           Peer("warprnnt-numba", f"{_PEERS}:warprnnt_numba",
                                ("warprnnt_numba",), slow=True)))),
         Family("multiblank", "seqloss.transducer.multiblank:multiblank_rnnt_loss", "logits",
-               "joint", bench="seqloss.bench.multiblank", transducer=Transducer(
+               "joint", transducer=Transducer(
                    table=f"{_TABLE}:multiblank_table",
                    report=("big_blank_durations", "big_blank_classes", "sigma",
                            "fastemit_lambda"),
@@ -157,7 +157,7 @@ FAMILIES: dict[str, Family] = {
                    peers=(Peer("nemo MultiblankRNNTLossPytorch", f"{_PEERS}:nemo_multiblank",
                                ("nemo",), slow=True),))),
         Family("tdt", "seqloss.transducer.tdt:tdt_loss", "logits", "joint",
-               bench="seqloss.bench.tdt", transducer=Transducer(
+               transducer=Transducer(
                    table=f"{_TABLE}:tdt_table", pair_input=True,
                    report=("durations", "logits_layout", "sigma", "omega"),
                    bench_args=(("durations", _DURATIONS),),
@@ -170,7 +170,7 @@ FAMILIES: dict[str, Family] = {
         # The hybrid autoregressive transducer: its arcs by row passes, the RNN-T lattice;
         # a Bernoulli blank and a softmax over the labels (no peer has a full-joint HAT).
         Family("hat", "seqloss.transducer.hat:hat_loss", "logits", "lattice",
-               bench="seqloss.bench.hat", transducer=Transducer(
+               transducer=Transducer(
                    log_probs="seqloss.transducer.factored.arcs:hat_log_probs",
                    max_overhead=1.2)),
         # k2's pruned RNN-T (with its simple loss: seqloss.bench.pruned times the pipeline)

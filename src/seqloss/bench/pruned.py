@@ -18,7 +18,7 @@ every implementation scores the same model. Implementations:
   (targets: simple within 1.5x of fast_rnnt's, the pruned step no slower).
 
 Times are medians of interleaved rounds; memory is the extra peak RSS of one call in a
-fresh process (the returned gradients count). Same interface as :mod:`seqloss.bench.rnnt`.
+fresh process (the returned gradients count). Same interface as :mod:`seqloss.bench.transducer`.
 """
 
 from __future__ import annotations
