@@ -1,4 +1,5 @@
-"""CTC's eager CPU fast lane (``seqloss.ctc.fast``) against the general path.
+"""CTC's eager CPU fast lane (``seqloss.ctc.fast``, the op declaration's fast hook) against
+the general path (the declaration without the hook).
 
 The lane takes the common small call (CPU float32/float64 tensors, int64 tensor
 targets and lengths, the Numba backend, a batch the calling thread runs); anything
@@ -9,14 +10,19 @@ and brute force elsewhere (``test_ctc.py``), and here once more directly.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 import seqloss
 from seqloss import InputError
-from seqloss.ctc import fast
+from seqloss._core.dispatch import resolve_backend
+from seqloss._core.lanes import cpu_backend
+from seqloss.ctc.op import ctc_fast, ctc_loss_decl
 
 pytest.importorskip("numba")
+from seqloss.ctc import numba_cpu
 
 
 def _inputs(T=12, B=3, C=6, L=4, seed=0, dtype=torch.float32):
@@ -28,30 +34,53 @@ def _inputs(T=12, B=3, C=6, L=4, seed=0, dtype=torch.float32):
     return x, tg, il, tl
 
 
-def _both(x, tg, il, tl, **kw):
-    """(loss, grad) through the lane and through the general path (lengths as lists)."""
+@pytest.fixture
+def lane_calls(monkeypatch):
+    """The calls that reached the lane's kernel entry point (``numba_cpu.ctc_loss_inline``)."""
+    calls = []
+    real = numba_cpu.ctc_loss_inline
+
+    def spy(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(numba_cpu, "ctc_loss_inline", spy)
+    return calls
+
+
+def _general(monkeypatch, fn):
+    """``fn()`` with the declaration's fast hook removed: the general path alone."""
+    with monkeypatch.context() as m:
+        m.setattr(ctc_loss_decl, "fast", None)
+        return fn()
+
+
+def _both(x, tg, il, tl, lane_calls, monkeypatch, **kw):
+    """(loss, grad) through the lane and through the general path."""
     out = []
     for lane in (True, False):
         lp = x.detach().clone().requires_grad_()
-        a, b = (il, tl) if lane else (il.tolist(), tl.tolist())
-        if lane:
-            assert fast.ctc_fast(lp, tg, il, tl, kw.get("blank", 0), kw.get("reduction", "mean"),
-                                 kw.get("zero_infinity", False), kw.get("fused_log_softmax", False),
-                                 "auto", True) is not None, "the lane was not taken"
-        loss = seqloss.ctc_loss(lp, tg, a, b, **kw)
-        (g,) = torch.autograd.grad(loss.sum(), lp)
-        out.append((loss, g))
+
+        def call(lp=lp):
+            loss = seqloss.ctc_loss(lp, tg, il, tl, **kw)
+            return loss, torch.autograd.grad(loss.sum(), lp)[0]
+
+        n = len(lane_calls)
+        out.append(call() if lane else _general(monkeypatch, call))
+        assert len(lane_calls) == n + lane, "the lane was not taken" if lane else "it was"
     return out
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_lane_matches_general_path_bit_for_bit(reduction, fused, dtype):
+def test_lane_matches_general_path_bit_for_bit(reduction, fused, dtype, lane_calls,
+                                               monkeypatch):
     x, tg, il, tl = _inputs(dtype=dtype)
     if not fused:
         x = x.log_softmax(-1)
-    (l1, g1), (l2, g2) = _both(x, tg, il, tl, reduction=reduction, fused_log_softmax=fused)
+    (l1, g1), (l2, g2) = _both(x, tg, il, tl, lane_calls, monkeypatch, reduction=reduction,
+                               fused_log_softmax=fused)
     assert l1.dtype == l2.dtype == dtype and g1.dtype == dtype
     assert torch.equal(l1, l2) and torch.equal(g1, g2)
     ref = seqloss.ctc_loss(x.double(), tg, il, tl, reduction=reduction, fused_log_softmax=fused,
@@ -60,53 +89,93 @@ def test_lane_matches_general_path_bit_for_bit(reduction, fused, dtype):
     torch.testing.assert_close(l1.double(), ref, rtol=tol, atol=tol)
 
 
-def test_lane_layouts_targets_and_zero_infinity():
+def test_lane_layouts_targets_and_zero_infinity(lane_calls, monkeypatch):
     x, tg, il, tl = _inputs(T=10, B=4, C=5, L=6, seed=3)
     lp = x.log_softmax(-1)
     # (B, T, C) transposed, the common model layout: the gradient keeps it
     bt = lp.transpose(0, 1).contiguous().transpose(0, 1)
-    (l1, g1), (l2, g2) = _both(bt, tg, il, tl, reduction="sum")
+    (l1, g1), (l2, g2) = _both(bt, tg, il, tl, lane_calls, monkeypatch, reduction="sum")
     assert torch.equal(l1, l2) and torch.equal(g1, g2) and g1.stride() == bt.stride()
     # concatenated 1-D targets
     cat = torch.cat([tg[b, : tl[b]] for b in range(4)])
-    (l1, g1), (l2, g2) = _both(lp, cat, il, tl, reduction="none")
+    (l1, g1), (l2, g2) = _both(lp, cat, il, tl, lane_calls, monkeypatch, reduction="none")
     assert torch.equal(l1, l2) and torch.equal(g1, g2)
     # an infeasible sequence (too few frames): inf, or 0 with zero_infinity
     il2 = il.clone()
     il2[1] = 2
     for zi in (False, True):
-        (l1, g1), (l2, g2) = _both(lp, tg, il2, tl, reduction="none", zero_infinity=zi)
+        (l1, g1), (l2, g2) = _both(lp, tg, il2, tl, lane_calls, monkeypatch, reduction="none",
+                                   zero_infinity=zi)
         assert torch.equal(l1, l2) and torch.equal(g1, g2)
         assert (l1[1] == 0) if zi else torch.isinf(l1[1])
         assert torch.count_nonzero(g1[:, 1]) == 0
 
 
-def test_lane_is_skipped_where_it_does_not_apply():
+def test_lane_is_the_declarations_hook_and_skips_what_it_does_not_take(lane_calls,
+                                                                        monkeypatch):
+    assert ctc_loss_decl.fast is ctc_fast
     x, tg, il, tl = _inputs()
     lp = x.log_softmax(-1)
-    args = (0, "mean", False, False, "auto", True)
-    assert fast.ctc_fast(lp, tg, il, tl, *args) is not None
+    # Converted by the general checks, then taken by the hook (the op's own arguments)
+    converted = [(lp, tg.int(), il, tl), (lp, tg, il.tolist(), tl),
+                 (lp[:, 0].contiguous(), tg[0], il[0], tl[0])]  # unbatched
     skipped = [
-        (lp.half(), tg, il, tl),  # half: converted on the general path
-        (lp, tg.int(), il, tl),  # int32 ids
-        (lp, tg, il.int(), tl),  # int32 lengths
-        (lp, tg, il.tolist(), tl),  # lists
+        (lp.half(), tg, il, tl),  # half: converted to float32 by the kernel wrapper
         (torch.cat([lp, lp], -1)[:, :, : lp.shape[2]], tg, il, tl),  # neither layout dense
-        (lp[0], tg[0], il[0], tl[0]),  # unbatched
     ]
-    for case in skipped:
-        assert fast.ctc_fast(*case, *args) is None
-    assert fast.ctc_fast(lp, tg, il, tl, 0, "mean", False, False, "reference", True) is None
-    assert fast.ctc_fast(lp, tg, il, tl, 0, "average", False, False, "auto", True) is None
+    for case, taken in [(c, True) for c in converted] + [(c, False) for c in skipped]:
+        n = len(lane_calls)
+        loss = seqloss.ctc_loss(*case)
+        assert len(lane_calls) == n + taken
+        ref = _general(monkeypatch, lambda case=case: seqloss.ctc_loss(*case))
+        assert torch.equal(loss, ref)
+    n = len(lane_calls)
+    seqloss.ctc_loss(lp, tg, il, tl, backend="reference")
+    with torch.inference_mode():
+        seqloss.ctc_loss(lp, tg, il, tl, backend="numba")
+    assert len(lane_calls) == n + 1  # the reference backend does not take it
+    # A batch for the pool (many cells, two threads) takes the general path
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(numba_cpu, "POOL_MIN_CELLS", 0)
+        seqloss.ctc_loss(lp, tg, il, tl)
+        assert len(lane_calls) == n + 1
+    finally:
+        torch.set_num_threads(old)
 
 
-def test_lane_follows_the_backend_environment(monkeypatch):
+def test_lane_follows_the_backend_environment(monkeypatch, lane_calls):
     x, tg, il, tl = _inputs()
     lp = x.log_softmax(-1)
-    args = (0, "mean", False, False, "auto", True)
-    for env, taken in (("reference", False), ("numba", True), ("auto", True), ("", True)):
-        monkeypatch.setenv("SEQLOSS_BACKEND", env)
-        assert (fast.ctc_fast(lp, tg, il, tl, *args) is not None) == taken, env
+    for env, taken in (("reference", False), ("numba", True), ("auto", True), ("", True),
+                       (None, True)):
+        if env is None:
+            monkeypatch.delenv("SEQLOSS_BACKEND")
+        else:
+            monkeypatch.setenv("SEQLOSS_BACKEND", env)
+        n = len(lane_calls)
+        seqloss.ctc_loss(lp, tg, il, tl)
+        assert len(lane_calls) == n + taken, env
+
+
+def test_cheap_backend_read_agrees_with_dispatch(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv("SEQLOSS_BACKEND", raising=False)
+    for change in (lambda: os.environ.__setitem__("SEQLOSS_BACKEND", "reference"),
+                   lambda: os.environ.update(SEQLOSS_BACKEND="numba"),
+                   lambda: os.environ.pop("SEQLOSS_BACKEND"),
+                   lambda: os.environ.setdefault("SEQLOSS_BACKEND", "auto"),
+                   lambda: monkeypatch.setenv("SEQLOSS_BACKEND", "reference"),
+                   lambda: monkeypatch.setenv("SEQLOSS_BACKEND", ""),
+                   lambda: monkeypatch.delenv("SEQLOSS_BACKEND")):
+        change()
+        for backend in ("auto", "numba", "reference"):
+            assert cpu_backend(backend) == resolve_backend(backend, cpu), (
+                os.environ.get("SEQLOSS_BACKEND"), backend)
+    monkeypatch.setenv("SEQLOSS_BACKEND", "bogus")
+    with pytest.raises(InputError, match="SEQLOSS_BACKEND='bogus'"):
+        cpu_backend("auto")
 
 
 def test_lane_autograd_semantics():

@@ -351,7 +351,7 @@ def test_ctc_numba_pool_path_zeroes_the_gradient(monkeypatch):
     pytest.importorskip("numba")
     from seqloss.ctc import numba_cpu
 
-    monkeypatch.setattr(numba_cpu, "_inline", lambda il, tl: False)
+    monkeypatch.setattr(numba_cpu, "runs_inline", lambda il, tl: False)
     spec = Spec(Tb=(3, 4, 3), Ub=(0, 2, 1), hot=(True, False, True), seed=5)
     for dtype in (torch.float32, torch.float64):
         for reduction in ("none", "sum", "mean"):

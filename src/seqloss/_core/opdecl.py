@@ -61,6 +61,11 @@ class OpDecl:
             layout); ``scale_args`` are the ``rest`` arguments at ``scale_args``.
         scale_args: consecutive indices into ``rest`` of the tensors ``batch_scale`` reads.
         fast: an eager CPU fast path (see the module docstring).
+        per_backend: ``backend name -> implementation`` for the backends whose kernel does
+            more than ``impl`` asks of a backend (checks the values, applies the NaN
+            policy, reduces): what a backend can do, declared where the call is
+            dispatched; same arguments as ``impl``, whose ``rest`` then ends with
+            ``(backend, compute_grad, validate)``; ``impl`` serves the other backends.
         vjp: ``(grad_value, xs, outputs, rest, needs, traced) -> grads`` (``None``
             where ``needs`` is false) for an op whose outputs are ``(value, *saved)``;
             ``traced``: call the registered backward op, not its implementation.
@@ -70,8 +75,15 @@ class OpDecl:
     def __init__(self, name: str, impl: Callable, fake: Callable, *, n_diff: int = 1,
                  batch_dim: int = 0, batch_scale: Callable | None = None,
                  scale_args: tuple[int, ...] = (), fast: Callable | None = None,
-                 vjp: Callable | None = None) -> None:
+                 vjp: Callable | None = None,
+                 per_backend: dict[str, Callable] | None = None) -> None:
         self.name = name.split("::")[-1]
+        schema = None
+        if per_backend:
+            if vjp is not None or n_diff == 0:
+                raise ValueError(f"{name}: per_backend needs a loss-like op (no vjp, n_diff > 0)")
+            schema = torch.library.infer_schema(impl, mutates_args=())
+            impl = _by_backend(dict(per_backend), impl)
         self.impl, self.n_diff, self.batch_dim = impl, n_diff, batch_dim
         self.batch_scale, self.scale_args, self.fast = batch_scale, scale_args, fast
         lo = scale_args[0] if scale_args else 0
@@ -83,7 +95,7 @@ class OpDecl:
         self._flag, self._eager, self._eager_apply, self._func = (
             (-2, _EagerOp, _eager_apply, _FuncOp) if vjp is None
             else (-1, _EagerVjp, _eager_vjp_apply, _FuncVjp))
-        op = torch.library.custom_op(name, impl, mutates_args=())
+        op = torch.library.custom_op(name, impl, mutates_args=(), schema=schema)
         op.register_fake(fake)
         if n_diff == 0:
             pass
@@ -214,6 +226,15 @@ class OpDecl:
                 out = apply_eagerly(self._eager, self._eager_apply, (self, args[n:]), *xs)
                 return out[0] if self.vjp is None else out
         return self(*args)[0]
+
+
+def _by_backend(table: dict[str, Callable], default: Callable) -> Callable:
+    """One implementation choosing ``table[backend]`` (``default`` for the others)."""
+
+    def impl(*args):
+        return table.get(args[-3], default)(*args)
+
+    return impl
 
 
 class _EagerOp(torch.autograd.Function):

@@ -9,11 +9,17 @@ from torch import Tensor
 
 from .._core import checks
 from .._core.dispatch import resolve_backend
+from .._core.lanes import cpu_backend
 from .._core.module import LossModule
-from .._core.types import IntsLike, Reduction
+from .._core.types import REDUCTIONS, IntsLike, Reduction
 from .checks import ctc_inputs
-from .fast import MEAN, ctc_fast
 from .op import ctc_loss_decl
+
+# CTC's "mean" is torch's: each loss over its target length (at least 1), then the batch
+# mean.
+MEAN = "mean_target"
+_F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
+_REDUCTIONS = frozenset(REDUCTIONS)
 
 
 def ctc_loss(
@@ -82,10 +88,29 @@ def ctc_loss(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd, torch.compile (fullgraph), deterministic.
     """
-    loss = ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, reduction,
-                    zero_infinity, fused_log_softmax, backend, validate, delay_penalty)
-    if loss is not None:
-        return loss
+    # The common CPU call (exact types: the checks below are then all it needs) goes
+    # straight to the op, whose fast lane takes it: the general conversions below cost
+    # more than a small batch's kernel.
+    if (type(log_probs) is Tensor and log_probs.is_cpu and log_probs.dim() == 3
+            and (log_probs.dtype is _F32 or log_probs.dtype is _F64)
+            and type(targets) is Tensor and targets.dtype is _I64 and targets.is_cpu
+            and type(input_lengths) is Tensor and input_lengths.dtype is _I64
+            and input_lengths.is_cpu and input_lengths.dim() == 1
+            and type(target_lengths) is Tensor and target_lengths.dtype is _I64
+            and target_lengths.is_cpu and target_lengths.dim() == 1
+            and type(blank) is int and type(zero_infinity) is bool
+            and type(fused_log_softmax) is bool and type(validate) is bool
+            # a finite float (inf - inf is NaN); anything else is checked below
+            and type(delay_penalty) is float and delay_penalty - delay_penalty == 0.0
+            and type(reduction) is str and reduction in _REDUCTIONS):
+        T, B, C = log_probs.shape
+        if (0 <= blank < C and input_lengths.shape[0] == B and target_lengths.shape[0] == B
+                and (targets.dim() == 1 or (targets.dim() == 2 and targets.shape[0] == B))):
+            return ctc_loss_decl.value(
+                log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
+                MEAN if reduction == "mean" else reduction, zero_infinity, delay_penalty,
+                cpu_backend(backend), log_probs.requires_grad and torch.is_grad_enabled(),
+                validate)
     checks.check_float_tensor(log_probs, "log_probs")
     delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     reduction = checks.check_reduction(reduction, MEAN)

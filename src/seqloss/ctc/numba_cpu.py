@@ -1360,7 +1360,7 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     arguments under the GIL, which takes as long as a short sequence's whole
     recursion, so per-sequence calls from a thread pool would mostly wait on the GIL.
 
-    ``chunk = 0``: the whole call on the calling thread (a small batch, ``_inline``), in
+    ``chunk = 0``: the whole call on the calling thread (a small batch, ``runs_inline``), in
     one dispatch instead of three: the value checks when ``validate`` (a nonzero
     return, as ``_check_values``: nothing computed; the offsets are then computed
     here), every sequence, then ``_finish`` into ``out``; or -1, nothing reduced, when a
@@ -1447,8 +1447,9 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
 POOL_MIN_CELLS = 24000
 
 
-def _inline(il: np.ndarray, tl: np.ndarray) -> bool:
-    """Whether a batch runs on the calling thread (see ``_run_batch``)."""
+def runs_inline(il: np.ndarray, tl: np.ndarray) -> bool:
+    """Whether a batch of these ``(B,)`` int64 lengths runs on the calling thread (see
+    ``_run_batch``): what ``ctc_loss_inline`` takes."""
     B = il.shape[0]
     return (B <= 1 or torch.get_num_threads() == 1
             or int(np.dot(il, 2 * tl + 1)) < POOL_MIN_CELLS)
@@ -1468,7 +1469,7 @@ def _run_batch(args: tuple, B: int, il: np.ndarray) -> None:
     write a false-sharing miss (T=26, B=64, C=7: two threads took 1.8x one thread's
     time, chunks of neighbours 0.55x).
 
-    A small batch (``_inline``) runs on the calling thread instead: waking the pool's
+    A small batch (``runs_inline``) runs on the calling thread instead: waking the pool's
     worker (and, on a small machine, sharing its core with torch's still-spinning
     OpenMP workers) costs more than it saves. Forward+backward, 2 threads against 1
     (us): T=50 B=8 L=10 197 / 152, T=26 B=16 L=8 212 / 140, B=32 243 / 238, B=64
@@ -1496,16 +1497,54 @@ def _host_i64(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-# The op asks the backend whether its kernel checks the lengths and ids, applies the
-# NaN policy and reduces itself (one Numba pass; the Python checks, ``poison_nonfinite``
-# and ``finish`` cost ~70 us a call, most of a small batch's budget).
-CHECKS_VALUES = True
-
-
 def _raise_bad(targets, input_lengths, target_lengths, T, C, blank) -> None:
     # The Numba checks found a bad value: the Python checks raise the error naming it.
     ctc_values(targets, input_lengths, target_lengths, T, C, blank, validate=True)
     raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable
+
+
+def ctc_loss_inline(
+    log_probs: torch.Tensor,
+    tb_layout: bool,
+    targets: torch.Tensor,
+    input_lengths: torch.Tensor,
+    target_lengths: torch.Tensor,
+    blank: int,
+    fused_log_softmax: bool,
+    delay_penalty: float,
+    grad: torch.Tensor | None,
+    out: torch.Tensor,
+    reduction: int,
+    zero_infinity: bool,
+    validate: bool,
+) -> None:
+    """``ctc_loss_forward`` for a batch the calling thread runs (``runs_inline``), into
+    memory the caller made: the lean entry point of an eager fast lane (``ctc/fast.py``).
+
+    ``log_probs``: float32 or float64, C-contiguous ``(T, B, C)`` (``tb_layout``) or a
+    ``(T, B, C)`` view of a C-contiguous ``(B, T, C)`` tensor; ``targets`` C-contiguous
+    int64, padded ``(B, S)`` or concatenated 1-D; lengths C-contiguous ``(B,)`` int64;
+    all on the CPU, shapes checked by the caller (the values are checked here when
+    ``validate``, raising ``ctc_values``'s errors before anything is written).
+    ``grad``: ``None``, or dense in ``log_probs``' layout and of its dtype; ``out``: of
+    that dtype, the ``(B,)`` losses for ``reduction`` 0, else a 0-D tensor for the
+    reduction's code (``seqloss._core.reduce.CODES``; ``"mean"`` resolved).
+    """
+    T, B, C = log_probs.shape
+    concat = targets.dim() == 1
+    R, S = (1, targets.shape[0]) if concat else targets.shape
+    rp = out.data_ptr()
+    args = (_ZERO[log_probs.dtype], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(),
+            R, S, concat, 0, input_lengths.data_ptr(), target_lengths.data_ptr(), blank,
+            fused_log_softmax, delay_penalty, grad is not None,
+            0 if grad is None else grad.data_ptr(), rp if reduction == RED_NONE else 0, 0, 0,
+            int(_SEGMENT_OVERRIDE), reduction, zero_infinity, 0 if reduction == RED_NONE else rp,
+            validate)
+    bad = _ctc_chunk(*args, 0, 0)
+    if bad < 0:  # a sequence left the fast path
+        _ctc_fallback(*args)
+    elif bad:
+        _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
 
 
 def ctc_loss_forward(
@@ -1549,7 +1588,7 @@ def ctc_loss_forward(
     il_t = _host_i64(input_lengths)
     tl_t = _host_i64(target_lengths)
     il, tl = il_t.numpy(), tl_t.numpy()
-    inline = _inline(il, tl)
+    inline = runs_inline(il, tl)
     toff = None
     if inline:
         pass  # the one Numba call checks the values and finds the offsets
