@@ -325,3 +325,54 @@ def test_zero_infinity_on_overflow_zeroes_the_whole_gradient(kind, reduction, ch
     torch.testing.assert_close(p.grad[1].double(), p64.grad[0] * factor, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(joint.bias.grad.double(), j64.bias.grad * factor, rtol=1e-5,
                                atol=1e-6)
+
+
+# --------------------------------------------------------------------------- twin checks
+# Each loss from the joint shares its argument check with its full-joint twin: the same
+# bad argument gives the same error, type and message, from both.
+_TWIN_BASE = {"rnnt": {}, "hat": {}, "mb": {"big_blank_durations": [2, 3]},
+              "tdt": {"durations": [0, 1, 2]}}
+_TWIN_BAD = {
+    "any": [{"reduction": "avg"}, {"clamp": "1"}, {"clamp": float("nan")},
+            {"zero_infinity": 2}, {"validate": "yes"}, {"delay_penalty": float("inf")},
+            {"blank": 9}, {"blank": 1.5}, {"targets": [[1, 6], [2, 0]]},
+            {"target_lengths": [3, 1]}, {"logit_lengths": [5, 3]}, {"logit_lengths": [-1, 3]}],
+    "rnnt": [{"fastemit_lambda": -1.0}],
+    "hat": [{"fastemit_lambda": -1.0}],
+    "mb": [{"big_blank_durations": [1]}, {"big_blank_durations": [2, 2]},
+           {"big_blank_durations": [2, 3, 4, 5, 6, 7, 8]}, {"big_blank_durations": "2"},
+           {"sigma": float("nan")}, {"fastemit_lambda": -0.5}],
+    "tdt": [{"durations": [1, 2]}, {"durations": [0, 2, 1]}, {"durations": [0, 1, 1]},
+            {"durations": [0.0, 1]}, {"omega": 1.5}, {"omega": -0.1}, {"sigma": "s"}],
+}
+_TWINS = {
+    "rnnt": (seqloss.rnnt_loss, seqloss.rnnt_loss_from_joint),
+    "hat": (seqloss.hat_loss, seqloss.hat_loss_from_joint),
+    "mb": (seqloss.multiblank_rnnt_loss, seqloss.multiblank_rnnt_loss_from_joint),
+    "tdt": (seqloss.tdt_loss, seqloss.tdt_loss_from_joint),
+}
+
+
+@pytest.mark.parametrize("kind,bad", [
+    pytest.param(k, bad, id=f"{k}-{'-'.join(f'{a}={v}' for a, v in bad.items())}")
+    for k in _TWINS for bad in _TWIN_BAD["any"] + _TWIN_BAD[k]])
+def test_twins_share_their_argument_checks(kind, bad):
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 2, 4, 2, 7
+    W = V + (3 if kind == "tdt" else 0)  # TDT: 3 duration logits after the tokens
+    enc = torch.randn(B, T, W, dtype=torch.float64, generator=g)
+    pred = torch.randn(B, U + 1, W, dtype=torch.float64, generator=g)
+
+    def joint(e, p):
+        return e[:, :, None] + p[:, None]
+
+    a = {"targets": [[1, 2], [3, 0]], "logit_lengths": [4, 3], "target_lengths": [2, 1],
+         **_TWIN_BASE[kind], **bad}
+    a["targets"] = torch.tensor(a["targets"])
+    full, from_joint = _TWINS[kind]
+    with pytest.raises((seqloss.InputError, TypeError)) as e_full:
+        full(joint(enc, pred), **a)
+    with pytest.raises((seqloss.InputError, TypeError)) as e_joint:
+        from_joint(enc, pred, joint, **a)
+    assert type(e_full.value) is type(e_joint.value)
+    assert str(e_full.value) == str(e_joint.value)

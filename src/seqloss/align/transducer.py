@@ -23,7 +23,7 @@ from ..transducer.checks import transducer_inputs, transducer_values
 from ..transducer.joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
 from ..transducer.lattice.api import lattice_viterbi
 from ..transducer.multiblank import check_big_blanks
-from ..transducer.tdt import _check_tdt_durations, _split
+from ..transducer.tdt import _split, check_tdt_durations
 
 NEG_INF = float("-inf")
 NAN = float("nan")
@@ -294,7 +294,7 @@ def tdt_align(
     backend: str = "auto",
     validate: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    durs = _check_tdt_durations(durations)
+    durs = check_tdt_durations(durations)
     _, tok, dur = _split(logits, len(durs))
     V = tok.shape[-1]
     tg, il, tl, blank = _lengths(tok, targets, logit_lengths, target_lengths, blank)

@@ -394,9 +394,9 @@ def _emit_mask(emit: Tensor, tl: Tensor) -> Tensor:
 
 
 def _durations_of(durations: object) -> tuple[int, ...]:
-    from .tdt import _check_tdt_durations
+    from .tdt import check_tdt_durations
 
-    return _check_tdt_durations(durations)
+    return check_tdt_durations(durations)
 
 
 def transducer_arc_logprobs(

@@ -39,8 +39,11 @@ from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
-from .checks import check_durations, resolve_token_blank, transducer_inputs, transducer_values
+from .checks import resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import JointTable, delay_terms, multiblank_table, rnnt_table, tdt_table
+from .multiblank import multiblank_options
+from .rnnt import rnnt_options
+from .tdt import check_tdt_durations, tdt_options
 
 DEFAULT_CHUNK_ELEMENTS = 2**20
 """The default ``chunk_elements`` on CPU: 1 Mi logits (4 MiB per float32 tile; the
@@ -700,10 +703,6 @@ def _fake_logits(probe: Tensor, B: int, T: int, U1: int) -> Tensor:
     return probe.new_empty((1, 1, 1, 1)).expand(B, T, U1, probe.shape[-1])
 
 
-def _common(reduction: object, clamp: object, mean: str) -> tuple[str, float]:
-    return checks.check_reduction(reduction, mean), checks.check_float_arg(clamp, "clamp")
-
-
 def rnnt_loss_from_joint(
     encoder_out: Tensor,
     predictor_out: Tensor,
@@ -722,17 +721,14 @@ def rnnt_loss_from_joint(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
-    validate = checks.flag(validate, "validate")
+    clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity, validate = rnnt_options(
+        clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity, validate)
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     B, T = encoder_out.shape[:2]
     U1 = predictor_out.shape[1]
     fake = _fake_logits(probe, B, T, U1)
     tg, il, tl, blank = transducer_inputs(fake, targets, logit_lengths, target_lengths, blank,
                                           packed=False)
-    reduction, clamp = _common(reduction, clamp, "mean_batch")
-    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, encoder_out.device)
     V = probe.shape[-1]
     table = rnnt_table(V, blank, clamp, fastemit_lambda, delay_penalty=delay_penalty)
@@ -760,28 +756,16 @@ def multiblank_rnnt_loss_from_joint(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
-    validate = checks.flag(validate, "validate")
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     B, T = encoder_out.shape[:2]
     U1 = predictor_out.shape[1]
     fake = _fake_logits(probe, B, T, U1)
     tg, il, tl, blank = transducer_inputs(fake, targets, logit_lengths, target_lengths, blank,
                                           packed=False)
-    durs = check_durations(big_blank_durations, "big_blank_durations")
-    for i, d in enumerate(durs):
-        if d <= 1:
-            raise InputError(f"big_blank_durations[{i}] = {d} is invalid: a big blank advances "
-                             f"more than one frame (duration > 1; the standard blank is the 1)")
-    if len(durs) > blank:
-        raise InputError(
-            f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
-            f"blank - 1 - i, so at most blank = {blank} of them (joint output size "
-            f"{probe.shape[-1]})")
-    reduction, clamp = _common(reduction, clamp, "mean_target")
-    sigma = checks.check_float_arg(sigma, "sigma")
-    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
+    (durs, sigma, clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity,
+     validate) = multiblank_options(big_blank_durations, blank, probe.shape[-1], sigma, clamp,
+                                    reduction, fastemit_lambda, delay_penalty, zero_infinity,
+                                    validate)
     name = resolve_backend(backend, encoder_out.device)
     V = probe.shape[-1]
     table = multiblank_table(V, blank, durs, sigma, clamp, fastemit_lambda,
@@ -858,12 +842,9 @@ def tdt_loss_from_joint(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
-    from .tdt import _check_tdt_durations
-
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
-    validate = checks.flag(validate, "validate")
-
-    durs = _check_tdt_durations(durations)
+    sigma, omega, clamp, reduction, delay_penalty, zero_infinity, validate = tdt_options(
+        sigma, omega, clamp, reduction, delay_penalty, zero_infinity, validate)
+    durs = check_tdt_durations(durations)
     joint = _accept_pair(joint, len(durs))
     probe, chunk, is_module, params = _setup(encoder_out, predictor_out, joint, chunk_elements)
     D = len(durs)
@@ -878,13 +859,6 @@ def tdt_loss_from_joint(
     fake = _fake_logits(probe, B, T, U1)
     tg, il, tl, _ = transducer_inputs(fake[..., :V], targets, logit_lengths, target_lengths,
                                       blank, packed=False)
-    reduction, clamp = _common(reduction, clamp, "mean_target")
-    sigma = checks.check_float_arg(sigma, "sigma")
-    omega = checks.check_float_arg(omega, "omega", low=0.0)
-    if omega > 1.0:
-        raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
-                         f"the RNN-T loss in the mixture)")
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     name = resolve_backend(backend, encoder_out.device)
     branches = []
     if omega < 1.0:

@@ -26,8 +26,26 @@ def check_big_blanks(big_blank_durations: object, blank: int, V: int) -> tuple[i
     if len(durs) > blank:
         raise InputError(
             f"{len(durs)} big blanks do not fit below blank = {blank}: big blank i is class "
-            f"blank - 1 - i, so at most blank = {blank} of them (logits.size(-1) = {V})")
+            f"blank - 1 - i, so at most blank = {blank} of them (V = {V} classes)")
     return durs
+
+
+def multiblank_options(
+    big_blank_durations: object, blank: int, V: int, sigma: object, clamp: object,
+    reduction: object, fastemit_lambda: object, delay_penalty: object, zero_infinity: object,
+    validate: object,
+) -> tuple[tuple[int, ...], float, float, str, float, float, bool, bool]:
+    """The arguments :func:`multiblank_rnnt_loss` and ``multiblank_rnnt_loss_from_joint``
+    share, checked once (``blank`` resolved to ``[0, V)``): ``(durations, sigma, clamp,
+    reduction, fastemit_lambda, delay_penalty, zero_infinity, validate)``."""
+    return (check_big_blanks(big_blank_durations, blank, V),
+            checks.check_float_arg(sigma, "sigma"),
+            checks.check_float_arg(clamp, "clamp"),
+            checks.check_reduction(reduction, "mean_target"),
+            checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0),
+            checks.check_float_arg(delay_penalty, "delay_penalty"),
+            checks.flag(zero_infinity, "zero_infinity"),
+            checks.flag(validate, "validate"))
 
 
 def multiblank_rnnt_loss(
@@ -49,14 +67,10 @@ def multiblank_rnnt_loss(
 ) -> Tensor:
     tg, il, tl, blank = transducer_inputs(logits, targets, logit_lengths, target_lengths, blank,
                                           packed=False)
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
-    validate = checks.flag(validate, "validate")
-    durs = check_big_blanks(big_blank_durations, blank, logits.shape[-1])
-    reduction = checks.check_reduction(reduction, "mean_target")
-    clamp = checks.check_float_arg(clamp, "clamp")
-    sigma = checks.check_float_arg(sigma, "sigma")
-    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
+    (durs, sigma, clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity,
+     validate) = multiblank_options(big_blank_durations, blank, logits.shape[-1], sigma, clamp,
+                                    reduction, fastemit_lambda, delay_penalty, zero_infinity,
+                                    validate)
     name = resolve_backend(backend, logits.device)
     table = multiblank_table(logits.shape[-1], blank, durs, sigma, clamp, fastemit_lambda,
                              delay_penalty=delay_penalty)

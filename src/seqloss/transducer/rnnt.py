@@ -58,6 +58,19 @@ _DOC_COMMON = r"""
 """
 
 
+def rnnt_options(clamp: object, reduction: object, fastemit_lambda: object,
+                 delay_penalty: object, zero_infinity: object,
+                 validate: object) -> tuple[float, str, float, float, bool, bool]:
+    """The options :func:`rnnt_loss` and ``rnnt_loss_from_joint`` share, checked once:
+    ``(clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity, validate)``."""
+    return (checks.check_float_arg(clamp, "clamp"),
+            checks.check_reduction(reduction, "mean_batch"),
+            checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0),
+            checks.check_float_arg(delay_penalty, "delay_penalty"),
+            checks.flag(zero_infinity, "zero_infinity"),
+            checks.flag(validate, "validate"))
+
+
 def _loss(
     logits: Tensor, targets: object, logit_lengths: object, target_lengths: object,
     blank: int, clamp: float, reduction: str, fused_log_softmax: bool, fastemit_lambda: float,
@@ -68,13 +81,9 @@ def _loss(
         logits, targets, logit_lengths, target_lengths, blank, packed=packed
     )
     fused = checks.flag(fused_log_softmax, "fused_log_softmax")
-    validate = checks.flag(validate, "validate")
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
     inplace_grad = checks.flag(inplace_grad, "inplace_grad")
-    reduction = checks.check_reduction(reduction, "mean_batch")
-    clamp = checks.check_float_arg(clamp, "clamp")
-    fastemit_lambda = checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0)
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
+    clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity, validate = rnnt_options(
+        clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity, validate)
     name = resolve_backend(backend, logits.device)
     if inplace_grad:
         loss = rnnt_loss_inplace(logits, tg, il, tl, blank, clamp, fused, fastemit_lambda,

@@ -190,7 +190,8 @@ tdt_pair_loss_op = tdt_pair_decl.op
 
 
 # --------------------------------------------------------------------------- public
-def _check_tdt_durations(durations: object) -> tuple[int, ...]:
+def check_tdt_durations(durations: object) -> tuple[int, ...]:
+    """TDT's ``durations``: distinct, ascending, ``>= 0``, containing 0 and 1."""
     durs = check_durations(durations, "durations")
     for i in range(1, len(durs)):
         if durs[i] <= durs[i - 1]:
@@ -202,6 +203,22 @@ def _check_tdt_durations(durations: object) -> tuple[int, ...]:
         raise InputError("durations must contain 0 and 1 (TDT's RNN-T-like steps), "
                          f"got {list(durs)}")
     return durs
+
+
+def tdt_options(sigma: object, omega: object, clamp: object, reduction: object,
+                delay_penalty: object, zero_infinity: object,
+                validate: object) -> tuple[float, float, float, str, float, bool, bool]:
+    """The options :func:`tdt_loss` and ``tdt_loss_from_joint`` share, checked once:
+    ``(sigma, omega, clamp, reduction, delay_penalty, zero_infinity, validate)``."""
+    sigma = checks.check_float_arg(sigma, "sigma")
+    omega = checks.check_float_arg(omega, "omega", low=0.0)
+    if omega > 1.0:
+        raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
+                         f"the RNN-T loss in the mixture)")
+    return (sigma, omega, checks.check_float_arg(clamp, "clamp"),
+            checks.check_reduction(reduction, "mean_target"),
+            checks.check_float_arg(delay_penalty, "delay_penalty"),
+            checks.flag(zero_infinity, "zero_infinity"), checks.flag(validate, "validate"))
 
 
 def _split(logits: object, D: int) -> tuple[Tensor | None, Tensor, Tensor]:
@@ -255,22 +272,14 @@ def tdt_loss(
     backend: str = "auto",
     validate: bool = True,
 ) -> Tensor:
-    durs = _check_tdt_durations(durations)
+    durs = check_tdt_durations(durations)
     joint, tok, dur = _split(logits, len(durs))
     V = tok.shape[-1]
     blank = resolve_token_blank(blank, V)
     tg, il, tl, _ = transducer_inputs(tok, targets, logit_lengths, target_lengths, blank,
                                       packed=False)
-    reduction = checks.check_reduction(reduction, "mean_target")
-    zero_infinity = checks.flag(zero_infinity, "zero_infinity")
-    validate = checks.flag(validate, "validate")
-    clamp = checks.check_float_arg(clamp, "clamp")
-    sigma = checks.check_float_arg(sigma, "sigma")
-    omega = checks.check_float_arg(omega, "omega", low=0.0)
-    if omega > 1.0:
-        raise InputError(f"omega = {omega} is invalid: expected 0 <= omega <= 1 (the weight of "
-                         f"the RNN-T loss in the mixture)")
-    delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
+    sigma, omega, clamp, reduction, delay_penalty, zero_infinity, validate = tdt_options(
+        sigma, omega, clamp, reduction, delay_penalty, zero_infinity, validate)
     name = resolve_backend(backend, tok.device)
     table = tdt_table(V, blank, durs, sigma, clamp, delay_penalty=delay_penalty)
     ints, floats = table.encode()
