@@ -66,6 +66,42 @@ CASES = {
         "seqloss.ctc_align(x, torch.randint(1, 6, (3, 5)), torch.full((3,), 30),"
         " torch.full((3,), 5))"),
     "rnnt_align": "seqloss.rnnt_align(joint(V).detach(), tg, il, tl)",
+    "rnnt_loss_packed": (
+        "x = torch.randn(int(sum(il * (tl + 1))), V).requires_grad_()\n"
+        "seqloss.rnnt_loss_packed(x, tg, il, tl).backward()"),
+    "hat_loss": "seqloss.hat_loss(joint(V), tg, il, tl).backward()",
+    "rnnt_loss_smoothed": (
+        "am = torch.randn(B, T, V).requires_grad_()\n"
+        "lm = torch.randn(B, U + 1, V).requires_grad_()\n"
+        "bd = torch.tensor([[0, 0, U, T]] * B)\n"
+        "seqloss.rnnt_loss_smoothed(lm, am, tg, V - 1, boundary=bd).backward()"),
+    "logmmexp": (
+        "a = torch.randn(2, 5, 7).requires_grad_()\n"
+        "seqloss.logmmexp(a, torch.randn(2, 7, 4)).sum().backward()"),
+    "multiblank_rnnt_align": (
+        "seqloss.multiblank_rnnt_align(joint(V).detach(), tg, il, tl, [2])"),
+    "tdt_align": "seqloss.tdt_align(joint(V + 3).detach(), tg, il, tl, [0, 1, 2], blank=V - 1)",
+    "transducer_arc_logprobs": (
+        "x = joint(V)\n"
+        "sum(o.masked_fill(o.isinf(), 0).sum()"
+        " for o in seqloss.transducer_arc_logprobs(x, tg, il, tl)).backward()"),
+    # the losses from the joint: encoder (B, T, H), predictor (B, U + 1, H), an additive joint
+    "rnnt_loss_from_joint": (
+        "lin = torch.nn.Linear(4, V)\n"
+        "seqloss.rnnt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
+        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl).backward()"),
+    "tdt_loss_from_joint": (
+        "lin = torch.nn.Linear(4, V + 3)\n"
+        "seqloss.tdt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
+        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl, [0, 1, 2], blank=V - 1).backward()"),
+    "multiblank_rnnt_loss_from_joint": (
+        "lin = torch.nn.Linear(4, V)\n"
+        "seqloss.multiblank_rnnt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
+        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl, [2]).backward()"),
+    "hat_loss_from_joint": (
+        "lin = torch.nn.Linear(4, V)\n"
+        "seqloss.hat_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
+        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl).backward()"),
 }
 
 _CHILD = _PRELUDE + """
@@ -82,9 +118,11 @@ print(json.dumps(res))
 
 def run_case(code: str, cache_dir: str) -> dict:
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
-    out = subprocess.run([sys.executable, "-c", _CHILD, code], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    p = subprocess.run([sys.executable, "-c", _CHILD, code], env=env, capture_output=True,
+                       text=True)
+    if p.returncode:
+        raise RuntimeError(f"case failed:\n{code}\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
