@@ -29,6 +29,10 @@ il, tl = torch.full((B,), T), torch.full((B,), U)
 tg = torch.randint(0, V - 2, (B, U))
 def joint(width, dtype=torch.float32):
     return torch.randn(B, T, U + 1, width, dtype=dtype).requires_grad_()
+def enc_pred(width):
+    lin = torch.nn.Linear(4, width)
+    return (torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),
+            lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])))
 """
 
 # name -> code run twice (first call, then cached); each defines nothing the other reads
@@ -85,23 +89,14 @@ CASES = {
         "x = joint(V)\n"
         "sum(o.masked_fill(o.isinf(), 0).sum()"
         " for o in seqloss.transducer_arc_logprobs(x, tg, il, tl)).backward()"),
-    # the losses from the joint: encoder (B, T, H), predictor (B, U + 1, H), an additive joint
-    "rnnt_loss_from_joint": (
-        "lin = torch.nn.Linear(4, V)\n"
-        "seqloss.rnnt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
-        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl).backward()"),
+    # the losses from the joint: encoder (B, T, 4), predictor (B, U + 1, 4), an additive joint
+    "rnnt_loss_from_joint": "seqloss.rnnt_loss_from_joint(*enc_pred(V), tg, il, tl).backward()",
     "tdt_loss_from_joint": (
-        "lin = torch.nn.Linear(4, V + 3)\n"
-        "seqloss.tdt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
-        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl, [0, 1, 2], blank=V - 1).backward()"),
+        "seqloss.tdt_loss_from_joint(*enc_pred(V + 3), tg, il, tl, [0, 1, 2], blank=V - 1)"
+        ".backward()"),
     "multiblank_rnnt_loss_from_joint": (
-        "lin = torch.nn.Linear(4, V)\n"
-        "seqloss.multiblank_rnnt_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
-        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl, [2]).backward()"),
-    "hat_loss_from_joint": (
-        "lin = torch.nn.Linear(4, V)\n"
-        "seqloss.hat_loss_from_joint(torch.randn(B, T, 4).requires_grad_(), torch.randn(B, U + 1, 4),"
-        " lambda e, p: lin(torch.tanh(e[:, :, None] + p[:, None])), tg, il, tl).backward()"),
+        "seqloss.multiblank_rnnt_loss_from_joint(*enc_pred(V), tg, il, tl, [2]).backward()"),
+    "hat_loss_from_joint": "seqloss.hat_loss_from_joint(*enc_pred(V), tg, il, tl).backward()",
 }
 
 _CHILD = _PRELUDE + """

@@ -78,6 +78,42 @@ def test_eager_calls_do_not_load_the_compiler():
     assert "torch._dynamo" not in _loaded(code)
 
 
+def test_scaled_backward_does_not_load_the_compiler():
+    # A "mean" reduction hands each op's backward an incoming gradient other than 1: the
+    # product is a plain tensor op eagerly (calling the custom op seqloss::scale_grad
+    # eagerly imported torch._dynamo, ~2.5 s of the first call of rnnt_loss_simple).
+    code = textwrap.dedent(
+        """
+        import inspect, torch, seqloss
+        g = torch.Generator().manual_seed(0)
+        B, T, U, V = 2, 6, 2, 5
+        Tl, tl = torch.full((B,), T), torch.full((B,), U)
+        tg = torch.randint(1, V - 2, (B, U), generator=g)  # no blank: 0 (CTC), V-1, V-2
+        x = lambda *s: torch.randn(*s, generator=g, requires_grad=True)
+        bd = torch.tensor([[0, 0, U, T]] * B)
+
+        def ref(f, *a, **k):
+            if "backend" in inspect.signature(f).parameters:
+                k["backend"] = "reference"
+            return f(*a, **k)
+
+        lp = x(T, B, V).log_softmax(-1)
+        for loss in (
+            ref(seqloss.ctc_loss, lp, tg, Tl, tl),
+            ref(seqloss.rnnt_loss, x(B, T, U + 1, V), tg, Tl, tl),
+            ref(seqloss.tdt_loss, x(B, T, U + 1, V + 2), tg, Tl, tl, [0, 1], blank=V - 1),
+            ref(seqloss.multiblank_rnnt_loss, x(B, T, U + 1, V), tg, Tl, tl, [2]),
+            ref(seqloss.hat_loss, x(B, T, U + 1, V), tg, Tl, tl),
+            ref(seqloss.rnnt_loss_simple, x(B, U + 1, V), x(B, T, V), tg, V - 1, bd),
+            ref(seqloss.rnnt_loss_smoothed, x(B, U + 1, V), x(B, T, V), tg, V - 1,
+                boundary=bd),
+        ):
+            assert loss.dim() == 0
+            loss.backward()
+        """)
+    assert "torch._dynamo" not in _loaded(code)
+
+
 def test_compiled_caller_before_any_eager_call_breaks_the_graph():
     """A fresh interpreter whose first call is compiled: the loss runs eagerly (same value
     as eager), and ``fullgraph=True`` raises with the reason."""

@@ -29,8 +29,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------- shared
-@torch.library.custom_op("seqloss::scale_grad", mutates_args=())
-def scale_grad(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
+def _scale_grad(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
     """``grad * grad_out`` with ``grad_out (B,)`` broadcast along ``grad``'s ``batch_dim``."""
     shape = [1] * grad.dim()
     shape[batch_dim] = grad_out.shape[0]
@@ -38,6 +37,9 @@ def scale_grad(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
     if grad.dtype in (torch.float16, torch.bfloat16):
         return (grad.float() * g.float()).to(grad.dtype)
     return grad * g.to(grad.dtype)
+
+
+scale_grad = torch.library.custom_op("seqloss::scale_grad", _scale_grad, mutates_args=())
 
 
 @scale_grad.register_fake
@@ -101,6 +103,11 @@ def grads_to_hand_on(grads: tuple[Tensor, ...], grad_loss: Tensor, batch_dim: in
         s = batch_scale(grad_loss)
     else:
         s = grad_loss.expand(grads[0].shape[batch_dim]) if grad_loss.dim() == 0 else grad_loss
+    if not torch.is_grad_enabled() and not _is_traced(s):
+        # Nothing can differentiate the product (no create_graph, no tracing): the op's
+        # only purpose, its double-backward error, is moot, and an eager call of a
+        # custom op imports torch._dynamo (~2.5 s of a first call).
+        return tuple(_scale_grad(g, s, batch_dim) for g in grads)
     return tuple(scale_grad(g, s, batch_dim) for g in grads)
 
 
