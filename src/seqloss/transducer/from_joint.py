@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._core import checks
@@ -306,6 +307,7 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
     ld = torch.zeros((B, T, U1, D), dtype=f64, device=device) if D else None
     bad = torch.zeros(B, dtype=torch.bool, device=device)
     tok_idx = torch.tensor(plan.blank_tokens, device=device)
+    hb = _hat_blank(plan)
     prev = None
     logit_dtype = None
     for tile, pad in zip(plan.tiles, plan.pads, strict=True):
@@ -327,13 +329,20 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
         x = logits.to(acc)
         del logits
         xt = x[..., :V]
-        z = _tile_lse(plan, x)
         sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
-        lz[sl] = z
-        lb[sl] = xt.index_select(-1, tok_idx).to(f64) - z[..., None]
         idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
-        ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z
-        rowbad = ~(z < float("inf"))
+        if hb is None:
+            z = _tile_lse(plan, x)
+            lb[sl] = xt.index_select(-1, tok_idx).to(f64) - z[..., None]
+            ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z
+            rowbad = ~(z < float("inf"))
+        else:  # HAT: the labels' normalizer (the blank's class out), the blank's sigmoid
+            z = _lse(xt.index_fill(-1, tok_idx, float("-inf")))
+            zb = xt[..., hb].to(f64)
+            lb[sl] = F.logsigmoid(zb)[..., None]
+            ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z + F.logsigmoid(-zb)
+            rowbad = ~(z < float("inf")) | ~(zb < float("inf"))
+        lz[sl] = z
         if D:
             zd = _lse(x[..., V:])
             lzd[sl] = zd
@@ -391,6 +400,12 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
     return loss, bad, torch.empty(0, dtype=logit_dtype or plan_dtype(plan))
 
 
+def _hat_blank(plan: _Plan) -> int | None:
+    """HAT's blank class (its table's ``"hat"`` normalizer), or None (a softmax table)."""
+    tb = plan.branches[0].table
+    return tb.blank_tokens[0] if tb.hat else None
+
+
 def plan_dtype(plan: _Plan) -> torch.dtype:
     return plan.probe_dtype  # type: ignore[attr-defined]
 
@@ -428,15 +443,19 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     clamp_any = any(br.table.clamp > 0 for br in plan.branches)
     single = (len(plan.branches) == 1 and not clamp_any
               and plan.branches[0].table.num_durations == D)
-    rp = _row_passes(plan, x) if single and not D else None
+    hb = _hat_blank(plan)
+    rp = _row_passes(plan, x) if single and not D and hb is None else None
     if rp is not None:
         return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead)
     p = torch.empty(x.shape, dtype=acc, device=device)
     _minus_lse(p[..., :V], x[..., :V], plan.lz[sl])  # type: ignore[attr-defined]
     if D:
         _minus_lse(p[..., V:], x[..., V:], plan.lzd[sl])  # type: ignore[attr-defined]
+    sig = torch.sigmoid(x[..., hb]) if hb is not None else None
     del x
     p.exp_()
+    if hb is not None:
+        p[..., hb] = 0.0  # not a label: out of the labels' softmax
     mb = m[b0:b1]
     if dead is not None:
         mb = torch.where(dead[b0:b1], 0.0, mb)
@@ -446,7 +465,11 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
 
     def epilogue(g: Tensor, br: _Branch, f: Tensor, dur: bool = True) -> Tensor:
         # g holds the softmax; f the per-sequence factor (nb, 1, 1) folded in, or 1
-        g.mul_((br.total[sl] * f)[..., None])  # type: ignore[index]
+        if sig is None:
+            g.mul_((br.total[sl] * f)[..., None])  # type: ignore[index]
+        else:  # HAT: the labels' softmax weighs the emission, the blank's sigmoid every arc
+            g.mul_((br.occ_emit[sl] * f)[..., None])  # type: ignore[index]
+            g[..., hb] = sig * (br.total[sl] * f)  # type: ignore[index]
         ot = br.occ_blank[sl] * f[..., None]  # type: ignore[index]
         for k, c in enumerate(tok_idx):
             g[..., c] -= ot[..., k]

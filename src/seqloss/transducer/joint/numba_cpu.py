@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numba import njit
 
 from ..._core import buffers
@@ -727,9 +728,16 @@ def _forward(
     # The passes over the logits row by row in Numba (one read of each row from memory)
     # where the layout allows; torch's ops over chunks of frames otherwise.
     passes = None
+    hb = table.blank_arcs[0].token if table.hat else -1  # HAT: the blank's class
+    if table.hat and not fused_log_softmax:
+        raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
+    # HAT's rows at any width (torch's ops would take the blank out of each row by a copy).
     if (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
-            and rows_ok(V, logits, *(() if grad is None else (grad,)))):
-        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum)
+            and rows_ok(V, logits, *(() if grad is None else (grad,)),
+                        min_width=2 if table.hat else None)):
+        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum, hat_blank=hb)
+    # HAT: each row's sigmoid(z_blank), float64, for the epilogue (in row_sum's order)
+    bsig = torch.empty((B, T, U1), dtype=lat) if table.hat else None
     gathered: list[tuple | None] = [None] * B
 
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
@@ -761,6 +769,20 @@ def _forward(
                 m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
                 any_bad |= bool((~(m < float("inf"))).any())
                 if not fused_log_softmax:
+                    continue
+                if table.hat:  # the labels only: the blank's class out of the softmax
+                    xl = xc.to(acc, copy=True)
+                    xl[..., hb] = NEG_INF
+                    m = xl.amax(-1)
+                    m = torch.where(m == NEG_INF, 0.0, m)
+                    if g is not None and not half:
+                        torch.sub(xl, m[..., None], out=g[t0:t1])
+                        s = g[t0:t1].exp_().sum(-1, dtype=acc)
+                    else:
+                        s = torch.exp(xl - m[..., None]).sum(-1)
+                    del xl
+                    row_sum[b, t0:t1, : ub + 1] = s
+                    row_max[b, t0:t1, : ub + 1] = m
                     continue
                 # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
                 m = torch.where(m == NEG_INF, 0.0, m)
@@ -799,8 +821,15 @@ def _forward(
             s = row_sum[b, :tb, : ub + 1].to(lat)
             ls = torch.log(s)
             # A row of -inf logits (s = 0) has no arc out of it.
-            xb = torch.where(s[..., None] == 0, NEG_INF, (xb - m[..., None]) - ls[..., None])
             xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
+            if table.hat:  # the blank's sigmoid: its arc, and the labels' share
+                zb = xb[..., 0]
+                bsig[b, :tb, : ub + 1] = torch.sigmoid(zb)
+                xb = F.logsigmoid(zb)[..., None]
+                xe = xe + F.logsigmoid(-zb[:, :ub])
+            else:
+                xb = torch.where(s[..., None] == 0, NEG_INF,
+                                 (xb - m[..., None]) - ls[..., None])
         if sigma:
             xb = xb - sigma
             xe = xe - sigma
@@ -881,8 +910,15 @@ def _forward(
                 g_dur = g_dur * grad_scale
         if fused_log_softmax:
             s = row_sum[b, :tb, : ub + 1]
-            # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)).
-            w = torch.where(s > 0, total.to(acc) / s, 0.0)
+            # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)); HAT's
+            # labels' softmax weighs the emission alone.
+            if table.hat:
+                wt = torch.zeros_like(total)
+                wt[:, :ub] = oe_sum
+                hat_b = (bsig[b, :tb, : ub + 1] * total - ob[..., 0]).to(acc)
+            else:
+                wt = total
+            w = torch.where(s > 0, wt.to(acc) / s, 0.0)
             x = _seq_view(logits, b, tb, ub, offs[b]) if half else None
             m = row_max[b, :tb, : ub + 1]
             # Per blank class, the summed occupation of its arcs (TDT: every blank arc
@@ -900,8 +936,11 @@ def _forward(
                     gcw = gr[t0:t1] if gr is not None else g[t0:t1]
                     gcw.mul_(w[t0:t1, :, None].to(gcw.dtype))
                     gc = gcw[..., :V] if gr is not None else gcw
-                for c, o in per_class.items():
-                    gc[..., c] -= o[t0:t1].to(gc.dtype)
+                if table.hat:
+                    gc[..., hb] = hat_b[t0:t1].to(gc.dtype)
+                else:
+                    for c, o in per_class.items():
+                        gc[..., c] -= o[t0:t1].to(gc.dtype)
                 if ub:
                     gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
                                             -oe_tok[t0:t1, :, None].to(gc.dtype))
@@ -929,5 +968,6 @@ def _forward(
             gd.copy_(g_dur)
     if passes is not None:
         skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)])
-        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip)
+        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip,
+                        bsig=bsig)
     return loss

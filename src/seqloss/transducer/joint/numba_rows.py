@@ -180,6 +180,128 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
                     grow[v] = min(max(grow[v], -h), h) * sc
 
 
+# --------------------------------------------------------------------------- HAT
+# The "hat" normalizer (``table.py``): the labels' softmax leaves the blank's class out,
+# whose sigmoid the epilogue takes from the arcs' side (``bsig``), so no logit is read
+# there. Same row addressing and jobs as above.
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _seg_max(xrow, lo, hi, m, acc):
+    """``max(m, xrow[lo:hi])`` by ``_LANES`` running maxima (see ``_row_max``)."""
+    n = lo + (hi - lo) // _LANES * _LANES
+    if n > lo:
+        for k in range(_LANES):
+            acc[k] = xrow[lo + k]
+        for v in range(lo + _LANES, n, _LANES):
+            for k in range(_LANES):
+                a = xrow[v + k]
+                acc[k] = a if a > acc[k] else acc[k]
+        for k in range(_LANES):
+            m = acc[k] if acc[k] > m else m
+    for v in range(n, hi):
+        m = xrow[v] if xrow[v] > m else m
+    return m
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, rm,
+                      rs, ro, rst, bad, job):
+    """``_prologue_job`` over the labels (every class but ``blank``): their shift and sum,
+    ``exp(x - m)`` in the labels' entries of ``g``'s row (``write``; the blank's entry is
+    the epilogue's). A NaN or ``+inf`` in any class, the blank's included, flags the row."""
+    b = jb[job]
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    zero = np.zeros(1, x.dtype)[0]
+    ninf = np.full(1, -np.inf, x.dtype)[0]
+    acc = np.empty(_LANES, x.dtype)
+    nbad = 0
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub1[b]):
+            xr = x0 + t * xs0 + u * xs1
+            xrow = x[xr : xr + V]
+            # Two segments, never the whole row less the blank's term: a blank far above
+            # the labels would overflow that term (and cancel their sum).
+            m = _seg_max(xrow, 0, blank, ninf, acc)
+            m = _seg_max(xrow, blank + 1, V, m, acc)
+            if m == -np.inf:  # no label has a finite logit: shift 0, sum 0 (no emission)
+                m = zero
+            s = zero
+            if write:
+                gr = g0 + t * gs0 + u * gs1
+                grow = g[gr : gr + V]
+                for v in range(blank):
+                    e = _exp(xrow[v] - m)
+                    grow[v] = e
+                    s += e
+                for v in range(blank + 1, V):
+                    e = _exp(xrow[v] - m)
+                    grow[v] = e
+                    s += e
+            else:
+                for v in range(blank):
+                    s += _exp(xrow[v] - m)
+                for v in range(blank + 1, V):
+                    s += _exp(xrow[v] - m)
+            zb = xrow[blank]
+            if s != s or m == np.inf or zb != zb or zb == np.inf:
+                nbad += 1
+            k = r0 + t * rs0 + u
+            rm[k] = m
+            rs[k] = s
+    bad[job] = 1 if nbad else 0
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe,
+                      bsig, tg, scale, clamp, gscale, skip, job):
+    """HAT's gradient of rows ``(t, u)`` in place over the labels' ``exp(x - m)``::
+
+        g[c]     = clamp(exp(x_c - m) o_e / s - o_e [c = y]) * gscale     (c != blank)
+        g[blank] = clamp(bsig (o_b + o_e) - o_b) * gscale
+
+    ``o_b = ob[row]``, ``o_e = scale oe[row]`` (rows ``u < ue[b]``; else 0), ``bsig`` the
+    row's ``sigmoid(z_blank)`` (float64, ``rs``'s row order); subnormals flushed as in
+    ``_epilogue_job``."""
+    b = jb[job]
+    if skip[b]:
+        return
+    ub = ue[b]
+    obf = ob.reshape(-1)
+    oef = oe.reshape(-1)
+    bsf = bsig.reshape(-1)
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    hi = clamp if clamp > 0 else np.inf
+    wbuf = np.empty(4, g.dtype)
+    wbuf[3] = np.finfo(g.dtype).tiny
+    tiny = wbuf[3]
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub1[b]):
+            k = r0 + t * rs0 + u
+            o_b = np.float64(obf[k])
+            oes = np.float64(oef[k]) * scale if u < ub else 0.0
+            s = np.float64(rs[k])
+            wbuf[0] = oes / s if s > 0 else 0.0
+            wbuf[1] = hi
+            wbuf[2] = gscale
+            w, h, sc = wbuf[0], wbuf[1], wbuf[2]
+            gr = g0 + t * gs0 + u * gs1
+            grow = g[gr : gr + V]
+            for v in range(V):
+                p = grow[v] * w
+                grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
+            gb = bsf[k] * (o_b + oes) - o_b
+            grow[blank] = 0.0 if abs(gb) < tiny else gb
+            if u < ub:
+                grow[tg[b, u]] -= oes
+            if clamp > 0 or gscale != 1.0:
+                for v in range(V):
+                    grow[v] = min(max(grow[v], -h), h) * sc
+
+
 # --------------------------------------------------------------------------- drivers
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A 1-D numpy view of ``t``'s storage from its first element to its last (any strides)."""
@@ -244,8 +366,9 @@ class RowPasses:
     """
 
     def __init__(self, x: torch.Tensor, Tl: list[int], Ul: list[int], offs: list[int], V: int,
-                 row_max: torch.Tensor, row_sum: torch.Tensor) -> None:
+                 row_max: torch.Tensor, row_sum: torch.Tensor, hat_blank: int = -1) -> None:
         self.Tl, self.Ul, self.offs, self.V = Tl, Ul, offs, V
+        self.hat_blank = hat_blank  # >= 0: HAT's normalizer (the labels: every other class)
         self.jobs = _jobs(Tl, Ul, V)
         i64 = np.int64
         self.ub1 = own_lines(np.asarray([u + 1 for u in Ul], i64))
@@ -273,9 +396,17 @@ class RowPasses:
             xa = self._addr(self.x)
             same = g is not None and self._same(g)
             ga = xa if g is None or same else self._addr(g)  # the very same rows if same
-            run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0, j1,
-                                     self.ub1, self.rm, self.rs, self.ro, self.rst, bad),
-                     range(len(cost)), order=cost)
+            if self.hat_blank >= 0:
+                if same:
+                    raise ValueError("HAT's row passes write no gradient over the logits")
+                run_jobs(_hat_prologue_job, (*xa, g is not None, *ga, self.V, self.hat_blank,
+                                             jb, j0, j1, self.ub1, self.rm, self.rs, self.ro,
+                                             self.rst, bad),
+                         range(len(cost)), order=cost)
+            else:
+                run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0,
+                                         j1, self.ub1, self.rm, self.rs, self.ro, self.rst, bad),
+                         range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
         return seq_bad
@@ -286,10 +417,13 @@ class RowPasses:
 
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray, emit_last: bool = False) -> None:
+                 skip: np.ndarray, emit_last: bool = False,
+                 bsig: torch.Tensor | None = None) -> None:
         """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
-        (see ``_epilogue_job``); ``g`` may be the logits. ``emit_last``: the last row of
-        each sequence has emission arcs too (a tile of a longer lattice)."""
+        (see ``_epilogue_job``; HAT: ``_hat_epilogue_job``, with ``bsig`` its rows'
+        blank sigmoids, float64 shaped as ``row_sum``); ``g`` may be the logits.
+        ``emit_last``: the last row of each sequence has emission arcs too (a tile of a
+        longer lattice)."""
         jb, j0, j1, cost = self.jobs
         if not cost:
             return
@@ -297,6 +431,15 @@ class RowPasses:
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
         ue = self.ub1 if emit_last else own_lines(self.ub1 - 1)
+        if self.hat_blank >= 0:
+            run_jobs(_hat_epilogue_job, (*self._addr(g), self.V, self.hat_blank, jb, j0, j1,
+                                         self.ub1, ue, self.rs, self.ro, self.rst,
+                                         ob.contiguous().numpy(), oe.contiguous().numpy(),
+                                         bsig.contiguous().numpy(), tgn, float(scale),
+                                         float(clamp), float(gscale),
+                                         own_lines(skip.astype(np.uint8))),
+                     range(len(cost)), order=cost)
+            return
         run_jobs(_epilogue_job, (*self._addr(g), self.V, jb, j0, j1, self.ub1, ue,
                                  self.rs, self.ro, self.rst,
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),

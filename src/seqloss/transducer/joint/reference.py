@@ -119,19 +119,32 @@ def joint_loss_forward(
     bad = ((~(row_max < float("inf"))) & valid).flatten(1).any(1)
 
     xt, xd = x[..., :V], x[..., V : V + D]
-    lp_t = _log_softmax(xt) if fused_log_softmax else xt
+    if table.hat:
+        if not fused_log_softmax:
+            raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
+        # The labels' log-softmax (the blank's class out of it) and the blank's sigmoid.
+        hb = table.blank_arcs[0].token
+        zb = xt[..., hb]
+        lp_t = _log_softmax(xt.index_fill(-1, torch.tensor([hb], device=device), NEG_INF))
+    else:
+        lp_t = _log_softmax(xt) if fused_log_softmax else xt
     lp_d = (_log_softmax(xd) if fused_log_softmax else xd) if D else None
     idx = tg[:, None, :, None].expand(B, T, U, 1)
     lp_y = lp_t[:, :, :U].gather(3, idx)[..., 0] if U else x.new_zeros(B, T, 0)
     lp_y = torch.cat([lp_y, torch.full_like(lp_t[:, :, :1, 0], NEG_INF)], 2) - table.sigma
+    if table.hat:
+        lp_y = lp_y + torch.nn.functional.logsigmoid(-zb)
     if table.delay_penalty:
         lp_y = lp_y + delay_terms(table.delay_penalty, Tl, T)[..., None]
 
     def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
         return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]
 
-    arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
-                             for a in table.blank_arcs], -1)
+    if table.hat:
+        arc_blank = (torch.nn.functional.logsigmoid(zb) - table.sigma)[..., None]
+    else:
+        arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
+                                 for a in table.blank_arcs], -1)
     arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, Tl, Ul, table.blank_durations, table.emit_durations, compute_grad,
@@ -146,7 +159,11 @@ def joint_loss_forward(
     total = occ_b.sum(-1) + oe.sum(-1)  # every arc leaving (t, u)
     grad = torch.zeros_like(x)
     gt, gd = grad[..., :V], grad[..., V : V + D]
-    if fused_log_softmax:
+    if table.hat:
+        # The labels' softmax weighs the emission alone; the blank's sigmoid every arc.
+        gt += torch.exp(lp_t) * oe.sum(-1)[..., None]
+        gt[..., hb] = torch.sigmoid(zb) * total
+    elif fused_log_softmax:
         gt += torch.exp(lp_t) * total[..., None]
         if D:
             gd += torch.exp(lp_d) * total[..., None]

@@ -36,6 +36,25 @@ occupations only (the epilogue is unchanged). Centred on the middle frame, it le
 the likelihood of a path emitting uniformly over time about unchanged and rewards
 early emissions for ``delay_penalty > 0``.
 
+**The blank's normalizer** (``normalizer``). ``"softmax"`` (every table above): one
+log-softmax over the ``V`` token logits scores every arc. ``"hat"`` (the hybrid
+autoregressive transducer, Variani et al., 2020): the blank arc's class is not in the
+labels' softmax; it is normalized alone, by a sigmoid, and the emissions share what it
+leaves::
+
+    arc_blank[t, u] = logsigmoid(z_blank) - sigma
+    arc_emit[t, u]  = logsigmoid(-z_blank) + z_y - logsumexp_{c != blank} z_c - sigma (+ delay)
+
+(``log(1 - sigmoid(z)) = logsigmoid(-z)``: exact). Its epilogue, with ``o_b``, ``o_e``
+the blank's and the emission's occupations (``o_e`` with FastEmit's ``1 + λ``)::
+
+    g[blank] = sigmoid(z_blank) (o_b + o_e) - o_b
+    g[c]     = softmax_{c' != blank}(z)[c] o_e - o_e [c = y]       (c != blank)
+
+then ``clamp`` and scaling as for ``"softmax"``. A ``"hat"`` table has one blank arc (its
+``token`` is the blank's class), no duration block, and raw logits only (fused: HAT has
+no log-probability form).
+
 The duration block may also be a tensor of its own (TDT's ``(token_logits,
 duration_logits)`` pair): every backend reads the two blocks through two views
 (``joint_loss_forward_pair``), so the pair is never concatenated.
@@ -50,6 +69,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+NORMALIZERS = ("softmax", "hat")
+"""The token block's normalizers a table may name (``JointTable.normalizer``)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +108,9 @@ class JointTable:
         emit_can_end: an emission may land on the final frame (see the lattice).
         delay_penalty: k2's delay penalty, added to every emission arc's score as
             ``delay_penalty * ((T_b - 1) / 2 - t)`` (see the module docstring).
+        normalizer: ``"softmax"`` (one log-softmax over the token logits) or ``"hat"``
+            (the blank arc's class by a sigmoid, outside the labels' softmax; see the
+            module docstring).
     """
 
     blank_arcs: tuple[Arc, ...]
@@ -96,11 +122,23 @@ class JointTable:
     clamp: float = -1.0
     emit_can_end: bool = False
     delay_penalty: float = 0.0
+    normalizer: str = "softmax"
+
+    def __post_init__(self) -> None:
+        if self.normalizer not in NORMALIZERS:
+            raise ValueError(f"normalizer = {self.normalizer!r}: expected one of {NORMALIZERS}")
+        if self.normalizer == "hat" and (len(self.blank_arcs) != 1 or self.num_durations):
+            raise ValueError("a 'hat' table has one blank arc and no duration block")
+
+    @property
+    def hat(self) -> bool:
+        """The blank's class is normalized by a sigmoid, outside the labels' softmax."""
+        return self.normalizer == "hat"
 
     def encode(self) -> tuple[list[int], list[float]]:
         """The table as two flat lists (a ``torch.library`` schema takes no dataclass)."""
         ints = [len(self.blank_arcs), len(self.emit_arcs), self.num_tokens, self.num_durations,
-                int(self.emit_can_end)]
+                int(self.emit_can_end), NORMALIZERS.index(self.normalizer)]
         for a in (*self.blank_arcs, *self.emit_arcs):
             ints += [a.duration, -1 if a.token is None else a.token,
                      -1 if a.duration_logit is None else a.duration_logit]
@@ -109,12 +147,12 @@ class JointTable:
 
     @staticmethod
     def decode(ints: list[int], floats: list[float]) -> JointTable:
-        nb, ne, V, D, can_end = ints[:5]
+        nb, ne, V, D, can_end, norm = ints[:6]
         arcs = [Arc(ints[k], None if ints[k + 1] < 0 else ints[k + 1],
-                    None if ints[k + 2] < 0 else ints[k + 2]) for k in range(5, len(ints), 3)]
+                    None if ints[k + 2] < 0 else ints[k + 2]) for k in range(6, len(ints), 3)]
         return JointTable(tuple(arcs[:nb]), tuple(arcs[nb : nb + ne]), V, D, floats[0],
                           floats[1], floats[2], bool(can_end),
-                          floats[3] if len(floats) > 3 else 0.0)
+                          floats[3] if len(floats) > 3 else 0.0, NORMALIZERS[norm])
 
     @property
     def blank_durations(self) -> tuple[int, ...]:
@@ -184,3 +222,12 @@ def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0
     return JointTable(blank_arcs=blanks, emit_arcs=emits, num_tokens=V,
                       num_durations=len(durations), sigma=sigma, clamp=clamp,
                       delay_penalty=delay_penalty)
+
+
+def hat_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0, *,
+              delay_penalty: float = 0.0) -> JointTable:
+    """HAT (Variani et al., 2020): RNN-T's arcs, the blank normalized by a sigmoid outside
+    the labels' softmax (``normalizer="hat"``; ``blank < 0`` counts from the end)."""
+    return JointTable(blank_arcs=(Arc(1, token=_resolve_blank(blank, V)),), emit_arcs=(Arc(0),),
+                      num_tokens=V, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                      delay_penalty=delay_penalty, normalizer="hat")
