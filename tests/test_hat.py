@@ -349,12 +349,15 @@ def test_empty_batch(backend, reduction):
 
 @pytest.mark.parametrize("backend,reduction", [("reference", "none"), ("numba", "mean_volume")])
 def test_opcheck(backend, reduction):
-    """``hat_loss`` is the op ``seqloss::hat_loss``: schema, fake kernel, autograd."""
-    from seqloss.transducer.hat import hat_loss_op
+    """``hat_loss`` is the table op ``seqloss::transducer_joint_loss`` on HAT's table:
+    schema, fake kernel, autograd."""
+    from seqloss.transducer.joint.table import hat_table
+    from seqloss.transducer.op import table_loss_op
 
     g = torch.Generator().manual_seed(11)
     x = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
     tg = torch.tensor([[0, 1], [2, 3]])
     il, tl = torch.tensor([4, 3]), torch.tensor([2, 1])
-    args = (x, tg, il, tl, 4, 0.5, 0.1, 0.3, reduction, False, 1 << 20, backend, True, True)
-    torch.library.opcheck(hat_loss_op, args)
+    ints, floats = hat_table(5, 4, 0.5, 0.1, delay_penalty=0.3).encode()
+    args = (x, tg, il, tl, ints, floats, True, reduction, False, backend, True, True)
+    torch.library.opcheck(table_loss_op, args)

@@ -56,7 +56,7 @@ def test_every_launch_compiles_for_sm90(tmp_path):
               "tdt_loss", "transducer_lattice", "logmmexp", "rnnt_align", "multiblank_rnnt_align",
               "tdt_align", "rnnt_loss_simple",
               "rnnt_loss_smoothed", "rnnt_loss_pruned", "rnnt_loss_from_joint",
-              "multiblank_rnnt_loss_from_joint", "tdt_loss_from_joint"}
+              "multiblank_rnnt_loss_from_joint", "tdt_loss_from_joint", "hat_loss"}
     assert public <= reached, public - reached
     assert report["never_launched"] == []
     dtypes = {r["spec"]["args"].get("x_ptr", "").split("/")[0] for r in report["records"]

@@ -167,10 +167,11 @@ FAMILIES: dict[str, Family] = {
                           # CUDA only (it allocates its alphas with .cuda()).
                           Peer("nemo TDTLossPytorch", f"{_PEERS}:nemo_tdt", ("nemo",),
                                slow=True, cuda_only=True)))),
-        # The hybrid autoregressive transducer: its arcs by row passes, the RNN-T lattice;
-        # a Bernoulli blank and a softmax over the labels (no peer has a full-joint HAT).
-        Family("hat", "seqloss.transducer.hat:hat_loss", "logits", "lattice",
+        # The hybrid autoregressive transducer: a joint table (the "hat" normalizer: a
+        # Bernoulli blank and a softmax over the labels; no peer has a full-joint HAT).
+        Family("hat", "seqloss.transducer.hat:hat_loss", "logits", "joint",
                transducer=Transducer(
+                   table=f"{_TABLE}:hat_table",
                    log_probs="seqloss.transducer.factored.arcs:hat_log_probs",
                    max_overhead=1.2)),
         # k2's pruned RNN-T (with its simple loss: seqloss.bench.pruned times the pipeline)

@@ -122,6 +122,16 @@ def _multiblank(B, T, U, V, dt, tag, grad=True, dp=0.0) -> Case:
                 "multiblank_rnnt_loss", run)
 
 
+def _hat(B, T, U, V, dt, tag, grad=True) -> Case:
+    def run() -> None:
+        x = _x((B, T, U + 1, V), dt, grad=grad)
+        loss = seqloss.hat_loss(x, _labels(B, U, V - 1, low=0), _lengths(B, T), _lengths(B, U),
+                                clamp=0.5, reduction="sum", delay_penalty=0.2, **TRITON)
+        _backward(loss)
+
+    return Case(f"hat_loss[{'' if grad else 'nograd,'}{_SHORT[dt]},{tag}]", "hat_loss", run)
+
+
 def _tdt(B, T, U, V, dt, tag, *, pair=False, omega=0.0, grad=True) -> Case:
     durs = [0, 1, 2, 3]
 
@@ -342,6 +352,7 @@ def small_cases() -> list[Case]:
                 _rnnt(3, 6, 3, 7, dt, tag, packed=True),
                 _rnnt(3, 6, 3, 7, dt, tag, packed=True, fused=False, clamp=0.5)]
         out.append(_multiblank(3, 6, 3, 9, dt, tag))
+        out.append(_hat(3, 6, 3, 7, dt, tag))
         out += [_tdt(3, 6, 3, 7, dt, tag), _tdt(3, 6, 3, 7, dt, tag, pair=True, omega=0.3),
                 _tdt(3, 6, 3, 7, dt, tag, grad=False)]
         out += [_lattice(3, 6, 3, dt, tag), _lattice(3, 6, 3, dt, tag, grad=False),

@@ -5,7 +5,7 @@ log-probability of the blank and of the next label (and, for TDT, of each durati
 differentiably, without a logits-sized intermediate; ``transducer_arc_logprobs_from_joint``
 does the same from the joint network, which is never materialized.
 
-Both run on the row driver below, which ``hat.py`` shares: a row function
+Both run on the row driver below: a row function
 ``fn(xs, labels)`` (``xs`` a tuple of ``(R, W_i)`` rows in the accumulation dtype,
 ``labels (R,)`` int64, written with differentiable torch ops, row-wise) returns a
 tuple of ``(R,)`` or ``(R, k)`` scores. The driver evaluates it over the ``(b, t, u)``

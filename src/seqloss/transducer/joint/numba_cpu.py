@@ -2,7 +2,8 @@ r"""The table-driven joint on CPU: row passes over the logits and the lattice, i
 
 Implements ``joint_loss_forward`` and ``joint_loss_forward_pair`` of
 ``seqloss.transducer.joint.reference`` (same signatures and semantics) for any
-``JointTable``: RNN-T, multi-blank, TDT. Both read the token block and the duration
+``JointTable``: RNN-T, multi-blank, TDT, HAT (its ``"hat"`` normalizer: the row passes
+at any width, ``numba_rows``'s HAT jobs). Both read the token block and the duration
 block through views of their own (``_forward``), so TDT's pair of tensors is never
 concatenated.
 

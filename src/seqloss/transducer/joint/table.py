@@ -70,7 +70,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 NORMALIZERS = ("softmax", "hat")
 """The token block's normalizers a table may name (``JointTable.normalizer``)."""
 

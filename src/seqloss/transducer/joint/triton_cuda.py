@@ -124,7 +124,7 @@ def joint_normalizer_kernel(
     nz_ptr, bad_ptr, B, T, U1, NR, V, D,
     sx_b, sx_t, sx_u, sx_v, sxd_b, sxd_t, sxd_u, sxd_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr,
-    PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr,
+    PACKED: tl.constexpr, FUSED: tl.constexpr, FP64: tl.constexpr, HAT: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r"""The prologue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
@@ -151,6 +151,11 @@ def joint_normalizer_kernel(
     and its scores are ``-inf`` (its sequence's results are NaN anyway), so nothing
     downstream computes on them. A row of ``-inf`` token logits (``s = 0``) has no arc
     out of it.
+
+    ``HAT`` (the ``"hat"`` normalizer, one blank arc, fused): ``m``, ``s`` over the
+    labels (the blank's class masked out of the online sum), and
+    ``arc_blank = logsigmoid(z_blank) - sigma``, ``arc_emit = logsigmoid(-z_blank) +
+    lp_tok[y_{u+1}] - sigma (+ delay)``.
 
     Updates:
         arc_blank (B, T, U+1, NB) (packed: (N, NB)): read rows.
@@ -191,6 +196,8 @@ def joint_normalizer_kernel(
         b_bad = tl.maximum(b_bad, tl.max(is_bad.to(tl.int32), axis=1))
         if FUSED:
             b_x = tl.where(is_bad, float("-inf"), b_x)
+            if HAT:  # the labels' softmax: the blank's class out
+                b_x = tl.where(o_v[None, :] == tl.load(tab_ptr), float("-inf"), b_x)
             b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
             shift = tl.where(b_new == float("-inf"), 0.0, b_new)
             b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
@@ -225,10 +232,18 @@ def joint_normalizer_kernel(
     # k2's delay penalty on every emission leaving frame t, in float64 (exact halves).
     dp = tl.load(par_ptr + 4)
     b_pen = dp * ((T_b - 1).to(LAT) * 0.5 - i_t.to(LAT))
+    if HAT:
+        # logsigmoid(+-z) = min(+-z, 0) - log(1 + exp(-|z|)), in float64
+        b_zb = tl.load(p_x + tl.load(tab_ptr) * sx_v, mask=m_row, other=0.0).to(LAT)
+        b_zb = tl.where(m_bad, 0.0, b_zb)
+        b_l1p = tl.log(1.0 + tl.exp(-tl.abs(b_zb)))
+        b_xe = b_xe + (tl.minimum(-b_zb, 0.0) - b_l1p)
     b_xe = tl.where(m_bad, float("-inf"), (b_xe - sigma) + b_pen)
     for i in tl.static_range(NB):
         b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
-        if FUSED:
+        if HAT:
+            b_v = tl.minimum(b_zb, 0.0) - b_l1p
+        elif FUSED:
             b_v = tl.where(none, float("-inf"), (b_v - b_ml) - b_lsl)
         b_v = b_v - sigma
         if HAS_DUR:
@@ -256,7 +271,8 @@ def joint_grad_kernel(
     sxd_b, sxd_t, sxd_u, sxd_v, sgd_b, sgd_t, sgd_u, sgd_v, s_tg_b, s_tg_u,
     NB: tl.constexpr, NE: tl.constexpr, HAS_DUR: tl.constexpr, EMIT_CAN_END: tl.constexpr,
     PACKED: tl.constexpr, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
-    BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAT: tl.constexpr, BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     r"""The epilogue for a block of ``BLOCK_R`` rows ``r = (b * T + t) * (U+1) + u``.
 
@@ -276,7 +292,10 @@ def joint_grad_kernel(
         g[v]     = softmax_tok[v] total - sum_i o_i [v = tok_i] - sum_j e_j [v = y_{u+1}]   (v < V)
         g[V + k] = softmax_dur[k] total - sum_i o_i [k = dl_i]  - sum_j e_j [k = dl'_j]     (k < D)
 
-    (no softmax term when not fused), clamped to ``[-clamp, clamp]`` (``HAS_CLAMP``),
+    (no softmax term when not fused; ``HAT``: ``g[v] = softmax_labels[v] e - e [v = y]``
+    on the labels and ``g[blank] = sigmoid(z_blank) total - o``, the sigmoid from the
+    row's blank arc, ``exp(arc_blank + sigma)``, so no logit is read for it), clamped
+    to ``[-clamp, clamp]`` (``HAS_CLAMP``),
     times ``grad_scale``, rounded once to the gradient's dtype. Rows of a sequence with
     a NaN/``+inf`` logit: NaN; rows of an infeasible sequence and padding rows: 0.
 
@@ -373,6 +392,12 @@ def joint_grad_kernel(
         m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
         b_ls = tl.where(m_lz, b_ls, 0.0)
         b_w = b_tot.to(ACC)
+        if HAT:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
+            b_w = b_oe_acc
+            b_hb = tl.load(tab_ptr)
+            b_sig = tl.exp(tl.load(ab_ptr + i_r * NB, mask=m_occ, other=float("-inf"))
+                           + tl.load(par_ptr + 3))
+            b_gb = (b_sig * b_tot - b_o0).to(ACC)
     # Every row of the tensor is written (zeros on padding, and on packed rows that no
     # sequence's lengths reach).
     m_st = m_r
@@ -387,13 +412,17 @@ def joint_grad_kernel(
             b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
         else:
             b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
-        for i in tl.static_range(NB):
-            if i == 0:
-                b_o = b_o0
-            else:
-                b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a,
-                                        b_ll, m_occ, i, NB)
-            b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i), b_o.to(ACC)[:, None], 0.0)
+        if HAT:
+            b_g = tl.where(o_v[None, :] == b_hb, b_gb[:, None], b_g)
+        else:
+            for i in tl.static_range(NB):
+                if i == 0:
+                    b_o = b_o0
+                else:
+                    b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
+                                            b_a, b_ll, m_occ, i, NB)
+                b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i),
+                                     b_o.to(ACC)[:, None], 0.0)
         b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
         if HAS_CLAMP:
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
@@ -600,8 +629,10 @@ def _forward(
     par[2] = float(grad_scale)
     par[3] = float(table.sigma)
     par[4] = float(table.delay_penalty)
+    if table.hat and not fused_log_softmax:
+        raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
     consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
-                  BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
+                  HAT=table.hat, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
     # Per row: padded (B, T, U+1, .), packed (N, .).
     row_shape = (N,) if packed else (B, T, U1)
     with _device_guard(logits):
