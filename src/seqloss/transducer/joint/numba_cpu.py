@@ -737,8 +737,8 @@ def _forward(
             and rows_ok(V, logits, *(() if grad is None else (grad,)),
                         min_width=2 if table.hat else None)):
         passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum, hat_blank=hb)
-    # HAT: each row's sigmoid(z_blank), float64, for the epilogue (in row_sum's order)
-    bsig = torch.empty((B, T, U1), dtype=lat) if table.hat else None
+    # HAT without the row passes: each row's sigmoid(z_blank), float64, for the epilogue
+    bsig = torch.empty((B, T, U1), dtype=lat) if table.hat and passes is None else None
     gathered: list[tuple | None] = [None] * B
 
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
@@ -823,7 +823,10 @@ def _forward(
             ls = torch.log(s)
             # A row of -inf logits (s = 0) has no arc out of it.
             xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
-            if table.hat:  # the blank's sigmoid: its arc, and the labels' share
+            if table.hat and passes is not None:  # the row passes formed the sigmoids
+                xb = passes.hat_lsb[b, :tb, : ub + 1, None]
+                xe = xe + passes.hat_lse[b, :tb, :ub]
+            elif table.hat:  # the blank's sigmoid: its arc, and the labels' share
                 zb = xb[..., 0]
                 bsig[b, :tb, : ub + 1] = torch.sigmoid(zb)
                 xb = F.logsigmoid(zb)[..., None]
@@ -969,6 +972,5 @@ def _forward(
             gd.copy_(g_dur)
     if passes is not None:
         skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)])
-        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip,
-                        bsig=bsig)
+        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip)
     return loss

@@ -23,6 +23,8 @@ each writes only its own rows: the result does not depend on the schedule.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from numba import njit
@@ -206,10 +208,12 @@ def _seg_max(xrow, lo, hi, m, acc):
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, rm,
-                      rs, ro, rst, bad, job):
+                      rs, ro, rst, lsb, lse, bad, job):
     """``_prologue_job`` over the labels (every class but ``blank``): their shift and sum,
     ``exp(x - m)`` in the labels' entries of ``g``'s row (``write``; the blank's entry is
-    the epilogue's). A NaN or ``+inf`` in any class, the blank's included, flags the row."""
+    the epilogue's), and ``lsb = logsigmoid(z_blank)``, ``lse = logsigmoid(-z_blank)``
+    (float64, ``rs``'s order: here, not as torch ops per sequence, which cost more than
+    the passes). A NaN or ``+inf`` in any class, the blank's included, flags the row."""
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
@@ -251,27 +255,31 @@ def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0
             k = r0 + t * rs0 + u
             rm[k] = m
             rs[k] = s
+            z = np.float64(zb)
+            sp = math.log1p(math.exp(-abs(z)))  # log(1 + exp(-|z|)): exact for large |z|
+            lsb[k] = min(z, 0.0) - sp
+            lse[k] = min(-z, 0.0) - sp
     bad[job] = 1 if nbad else 0
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe,
-                      bsig, tg, scale, clamp, gscale, skip, job):
+                      lsb, tg, scale, clamp, gscale, skip, job):
     """HAT's gradient of rows ``(t, u)`` in place over the labels' ``exp(x - m)``::
 
         g[c]     = clamp(exp(x_c - m) o_e / s - o_e [c = y]) * gscale     (c != blank)
         g[blank] = clamp(bsig (o_b + o_e) - o_b) * gscale
 
-    ``o_b = ob[row]``, ``o_e = scale oe[row]`` (rows ``u < ue[b]``; else 0), ``bsig`` the
-    row's ``sigmoid(z_blank)`` (float64, ``rs``'s row order); subnormals flushed as in
-    ``_epilogue_job``."""
+    ``o_b = ob[row]``, ``o_e = scale oe[row]`` (rows ``u < ue[b]``; else 0), ``bsig =
+    exp(lsb)`` the row's ``sigmoid(z_blank)`` (``lsb`` from the prologue); subnormals
+    flushed as in ``_epilogue_job``."""
     b = jb[job]
     if skip[b]:
         return
     ub = ue[b]
     obf = ob.reshape(-1)
     oef = oe.reshape(-1)
-    bsf = bsig.reshape(-1)
+    lsf = lsb.reshape(-1)
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
     hi = clamp if clamp > 0 else np.inf
@@ -293,7 +301,7 @@ def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, 
             for v in range(V):
                 p = grow[v] * w
                 grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
-            gb = bsf[k] * (o_b + oes) - o_b
+            gb = math.exp(lsf[k]) * (o_b + oes) - o_b
             grow[blank] = 0.0 if abs(gb) < tiny else gb
             if u < ub:
                 grow[tg[b, u]] -= oes
@@ -378,6 +386,10 @@ class RowPasses:
         self.rst = own_lines(np.asarray([U1] * B, i64))
         self.row_max, self.row_sum = row_max, row_sum
         self.rm, self.rs = row_max.view(-1).numpy(), row_sum.view(-1).numpy()
+        if hat_blank >= 0:
+            # HAT: each row's logsigmoid(+-z_blank), float64, shaped as row_sum
+            self.hat_lsb = torch.empty((B, T, U1), dtype=torch.float64)
+            self.hat_lse = torch.empty((B, T, U1), dtype=torch.float64)
         self.x = x
 
     def _addr(self, t: torch.Tensor) -> tuple:
@@ -401,7 +413,8 @@ class RowPasses:
                     raise ValueError("HAT's row passes write no gradient over the logits")
                 run_jobs(_hat_prologue_job, (*xa, g is not None, *ga, self.V, self.hat_blank,
                                              jb, j0, j1, self.ub1, self.rm, self.rs, self.ro,
-                                             self.rst, bad),
+                                             self.rst, self.hat_lsb.view(-1).numpy(),
+                                             self.hat_lse.view(-1).numpy(), bad),
                          range(len(cost)), order=cost)
             else:
                 run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0,
@@ -417,11 +430,9 @@ class RowPasses:
 
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray, emit_last: bool = False,
-                 bsig: torch.Tensor | None = None) -> None:
+                 skip: np.ndarray, emit_last: bool = False) -> None:
         """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
-        (see ``_epilogue_job``; HAT: ``_hat_epilogue_job``, with ``bsig`` its rows'
-        blank sigmoids, float64 shaped as ``row_sum``); ``g`` may be the logits.
+        (see ``_epilogue_job``; HAT: ``_hat_epilogue_job``); ``g`` may be the logits.
         ``emit_last``: the last row of each sequence has emission arcs too (a tile of a
         longer lattice)."""
         jb, j0, j1, cost = self.jobs
@@ -435,7 +446,7 @@ class RowPasses:
             run_jobs(_hat_epilogue_job, (*self._addr(g), self.V, self.hat_blank, jb, j0, j1,
                                          self.ub1, ue, self.rs, self.ro, self.rst,
                                          ob.contiguous().numpy(), oe.contiguous().numpy(),
-                                         bsig.contiguous().numpy(), tgn, float(scale),
+                                         self.hat_lsb.numpy(), tgn, float(scale),
                                          float(clamp), float(gscale),
                                          own_lines(skip.astype(np.uint8))),
                      range(len(cost)), order=cost)
