@@ -250,9 +250,9 @@ def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
     calls = []
     orig = numba_rows.RowPasses.prologue
 
-    def spy(self, g=None):
+    def spy(self, g=None, arcs=None):
         calls.append(self.V)
-        return orig(self, g)
+        return orig(self, g, arcs)
 
     monkeypatch.setattr(numba_rows.RowPasses, "prologue", spy)
     for V in (127, 128, 511, 512):

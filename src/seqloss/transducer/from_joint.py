@@ -264,18 +264,21 @@ def _lse(x: Tensor) -> Tensor:
 
 def _row_passes(plan: _Plan, x: Tensor) -> object | None:
     """The CPU backend's row passes over a tile's token rows ``x (nb, nt, nu, V+D)`` (one
-    read of the logits for the normalizers, one in-place epilogue for the gradient), or
-    None where torch's ops run instead (CUDA, the reference, narrow rows)."""
+    read of the logits for the normalizers, one in-place epilogue for the gradient; HAT's
+    at any width), or None where torch's ops run instead (CUDA, the reference, narrow
+    rows)."""
     if plan.backend != "numba" or x.device.type != "cpu":
         return None
     from .joint.numba_rows import RowPasses, rows_ok
 
-    if not rows_ok(plan.V, x):
+    hb = _hat_blank(plan)
+    if not rows_ok(plan.V, x, min_width=None if hb is None else 2):
         return None
     nb, nt, nu = x.shape[:3]
     row_max = torch.empty((nb, nt, nu), dtype=x.dtype)
     row_sum = torch.empty((nb, nt, nu), dtype=x.dtype)
-    return RowPasses(x[..., :plan.V], [nt] * nb, [nu - 1] * nb, [0] * nb, plan.V, row_max, row_sum)
+    return RowPasses(x[..., :plan.V], [nt] * nb, [nu - 1] * nb, [0] * nb, plan.V, row_max,
+                     row_sum, hat_blank=-1 if hb is None else hb)
 
 
 def _tile_lse(plan: _Plan, x: Tensor) -> Tensor:
@@ -337,8 +340,13 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
             ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z
             rowbad = ~(z < float("inf"))
         else:  # HAT: the labels' normalizer (the blank's class out), the blank's sigmoid
-            z = _lse(xt.index_fill(-1, tok_idx, float("-inf")))
+            rp = _row_passes(plan, x)
             zb = xt[..., hb].to(f64)
+            if rp is None:
+                z = _lse(xt.index_fill(-1, tok_idx, float("-inf")))
+            else:  # as _tile_lse, over the labels
+                rp.prologue()  # type: ignore[attr-defined]
+                z = rp.row_max.to(f64) + rp.row_sum.to(f64).log_()  # type: ignore[attr-defined]
             lb[sl] = F.logsigmoid(zb)[..., None]
             ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z + F.logsigmoid(-zb)
             rowbad = ~(z < float("inf")) | ~(zb < float("inf"))
@@ -444,7 +452,7 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     single = (len(plan.branches) == 1 and not clamp_any
               and plan.branches[0].table.num_durations == D)
     hb = _hat_blank(plan)
-    rp = _row_passes(plan, x) if single and not D and hb is None else None
+    rp = _row_passes(plan, x) if single and not D else None
     if rp is not None:
         return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead)
     p = torch.empty(x.shape, dtype=acc, device=device)
@@ -516,9 +524,10 @@ def _tile_masks(g: Tensor, tile: Tile, pad: _Pad | None, bad: Tensor,
 
 def _tile_grad_rows(plan: _Plan, tile: Tile, pad: _Pad | None, x: Tensor, rp: object,
                     m: Tensor, bad: Tensor, bad_host: list[bool], dead: Tensor | None) -> Tensor:
-    """``_tile_grad`` of one RNN-T-like table (one branch, no clamp, no durations) through
-    the CPU backend's row passes: ``exp(x - max)`` written once, then scaled in place by
-    ``occupation / sum`` minus the arcs' occupations (subnormals flushed there)."""
+    """``_tile_grad`` of one RNN-T-like table (one branch, no clamp, no durations; HAT's
+    too) through the CPU backend's row passes: ``exp(x - max)`` written once, then scaled
+    in place by ``occupation / sum`` minus the arcs' occupations (HAT: its epilogue;
+    subnormals flushed there)."""
     import numpy as np
 
     b0, b1, t0, t1, u0, u1 = tile

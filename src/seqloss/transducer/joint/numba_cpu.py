@@ -744,7 +744,7 @@ def _forward(
     # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
-        if tb == 0:
+        if tb == 0 or passes is not None:  # the row passes form the arcs themselves
             continue
         x = _seq_view(logits, b, tb, ub, offs[b])
         idx = tg[b, :ub].to(x.device)[None, :, None].expand(tb, ub, 1)
@@ -806,15 +806,16 @@ def _forward(
     if passes is not None:
         # exp(x - m) goes into the gradient's buffer for the epilogue to rescale: one exp
         # per logit (the passes are bound by it) for a write and a read of the buffer.
-        seq_bad = passes.prologue(grad)
+        # The arcs too (RNN-T's topology: one blank arc, one emission arc), each row's
+        # logits read once, before its exp is written (maybe over them).
+        seq_bad = passes.prologue(grad, (arc_blank, arc_emit, tok[0], tg, sigma, dp))
+        bad = [bool(seq_bad[b]) and Tl[b] > 0 for b in range(B)]
     for b in range(B):
         tb, ub = Tl[b], Ul[b]
-        if tb == 0:
+        if tb == 0 or passes is not None:
             continue
         xb, xe, ld, any_bad = gathered[b]
         gathered[b] = None
-        if passes is not None:
-            any_bad = any_bad or bool(seq_bad[b])
         bad[b] = any_bad
         xb, xe = xb.to(lat), xe.to(lat)
         if fused_log_softmax:
@@ -823,10 +824,7 @@ def _forward(
             ls = torch.log(s)
             # A row of -inf logits (s = 0) has no arc out of it.
             xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
-            if table.hat and passes is not None:  # the row passes formed the sigmoids
-                xb = passes.hat_lsb[b, :tb, : ub + 1, None]
-                xe = xe + passes.hat_lse[b, :tb, :ub]
-            elif table.hat:  # the blank's sigmoid: its arc, and the labels' share
+            if table.hat:  # the blank's sigmoid: its arc, and the labels' share
                 zb = xb[..., 0]
                 bsig[b, :tb, : ub + 1] = torch.sigmoid(zb)
                 xb = F.logsigmoid(zb)[..., None]

@@ -4,12 +4,16 @@ The transducer losses are bound by one ``exp`` per logit. A row of the joint (``
 logits of one ``(t, u)`` state) fits in L1, so per row:
 
 - prologue: its maximum ``m`` (0 for a row of ``-inf``), ``s = sum exp(x - m)``,
-  NaN/``+inf`` detection, and ``exp(x - m)`` written into the gradient's row -- one read
-  of the logits from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are
-  four passes over a chunk;
+  NaN/``+inf`` detection, ``exp(x - m)`` written into the gradient's row, and for the
+  RNN-T-topology tables (RNN-T, HAT) the row's two arc scores -- one read of the logits
+  from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are four passes
+  over a chunk (and a dozen small ops per sequence formed the arcs after them);
 - epilogue (RNN-T; the many-arc tables do it in their lattice kernel): that row times
   ``occupation / s``, minus the arcs' occupations at their classes, the clamp and the
   gradient scale, in place.
+
+HAT's ``"hat"`` normalizer (``table.py``) has its own pair of jobs: the labels' shift and
+sum leave the blank's class out, whose sigmoid the epilogue writes.
 
 The ``exp`` is written out (``seqloss._core.numba_exp``), so LLVM vectorizes the row
 loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
@@ -65,7 +69,7 @@ def _row_max(xrow, V, acc):
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, rm, rs,
-                  ro, rst, bad, job):
+                  ro, rst, bad, arcs, tg, cls, Tl, sigma, dp, ab, ae, job):
     """Rows ``(t, u)``, ``jt0[job] <= t < jt1[job]``, ``u < ub1[b]``, of sequence ``b = jb[job]``.
 
     Row ``(b, t, u)`` starts at ``x[xo[b] + t xst[b] + u xsu[b]]``; its shift and sum (in
@@ -79,6 +83,12 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
     written through ``g`` alone, so that LLVM's vector loop runs (with two arrays on one
     buffer, its aliasing check sends exactly overlapping rows to the scalar loop, 2x
     slower).
+
+    ``arcs``: also RNN-T's arc scores of each row, float64, in ``rs``'s order: ``ab =
+    lp[cls] - sigma``, ``ae = lp[tg[b, u]] - sigma + dp ((T_b - 1) / 2 - t)`` (``u <
+    U_b``), ``lp = (x - m) - log(s)`` (``-inf`` where ``s = 0``): formed here, the
+    logits read before any ``exp`` is written over them, not by torch's small ops per
+    sequence afterwards (which cost more than these passes on a busy 2-core machine).
     """
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
@@ -92,6 +102,11 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
             # Row slices, not flat indices: LLVM then vectorizes.
             xr = x0 + t * xs0 + u * xs1
             xrow = x[xr : xr + V]
+            zb = zy = 0.0
+            if arcs:  # before the row may be overwritten (``same``)
+                zb = np.float64(xrow[cls])
+                if u < ub1[b] - 1:
+                    zy = np.float64(xrow[tg[b, u]])
             m = _row_max(xrow, V, acc)
             if m == -np.inf:  # a row of -inf: shift 0, sum 0 (no arc out of it)
                 m = zero
@@ -117,7 +132,27 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
             k = r0 + t * rs0 + u
             rm[k] = m
             rs[k] = s
+            if arcs:
+                _row_arcs(False, zb, zy, np.float64(m), np.float64(s), 0.0, 0.0, u < ub1[b] - 1,
+                          sigma, dp * ((Tl[b] - 1) * 0.5 - t), ab, ae, k)
     bad[job] = 1 if nbad else 0
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _row_arcs(hat, zb, zy, m, s, lsb, lse, emit, sigma, pen, ab, ae, k):
+    """A row's arc scores (float64): RNN-T's from the blank's logit ``zb``, or ``hat``'s
+    (``ab = lsb``, the labels' share ``lse`` added to ``ae``; ``lse = 0`` for RNN-T);
+    ``m``, ``s`` the (labels') shift and sum. ``(x - m) - log(s)``, never ``x - (m +
+    log(s))``: with logits of 1e4 the latter loses the last digits."""
+    if s > 0.0:
+        ls = math.log(s)
+        ab[k] = (lsb if hat else (zb - m) - ls) - sigma
+        if emit:
+            ae[k] = ((lse + ((zy - m) - ls)) - sigma) + pen
+    else:  # no class (HAT: no label) with a finite logit: no arc out of it
+        ab[k] = (lsb if hat else -np.inf) - sigma
+        if emit:
+            ae[k] = -np.inf
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
@@ -208,12 +243,12 @@ def _seg_max(xrow, lo, hi, m, acc):
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, rm,
-                      rs, ro, rst, lsb, lse, bad, job):
+                      rs, ro, rst, lsb, bad, arcs, tg, Tl, sigma, dp, ab, ae, job):
     """``_prologue_job`` over the labels (every class but ``blank``): their shift and sum,
     ``exp(x - m)`` in the labels' entries of ``g``'s row (``write``; the blank's entry is
-    the epilogue's), and ``lsb = logsigmoid(z_blank)``, ``lse = logsigmoid(-z_blank)``
-    (float64, ``rs``'s order: here, not as torch ops per sequence, which cost more than
-    the passes). A NaN or ``+inf`` in any class, the blank's included, flags the row."""
+    the epilogue's), ``lsb = logsigmoid(z_blank)`` (float64, ``rs``'s order) and with
+    ``arcs`` HAT's arc scores (``_row_arcs``). A NaN or ``+inf`` in any class, the
+    blank's included, flags the row."""
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
@@ -258,7 +293,11 @@ def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0
             z = np.float64(zb)
             sp = math.log1p(math.exp(-abs(z)))  # log(1 + exp(-|z|)): exact for large |z|
             lsb[k] = min(z, 0.0) - sp
-            lse[k] = min(-z, 0.0) - sp
+            if arcs:
+                emit = u < ub1[b] - 1
+                zy = np.float64(xrow[tg[b, u]]) if emit else 0.0
+                _row_arcs(True, z, zy, np.float64(m), np.float64(s), lsb[k], min(-z, 0.0) - sp,
+                          emit, sigma, dp * ((Tl[b] - 1) * 0.5 - t), ab, ae, k)
     bad[job] = 1 if nbad else 0
 
 
@@ -386,10 +425,8 @@ class RowPasses:
         self.rst = own_lines(np.asarray([U1] * B, i64))
         self.row_max, self.row_sum = row_max, row_sum
         self.rm, self.rs = row_max.view(-1).numpy(), row_sum.view(-1).numpy()
-        if hat_blank >= 0:
-            # HAT: each row's logsigmoid(+-z_blank), float64, shaped as row_sum
-            self.hat_lsb = torch.empty((B, T, U1), dtype=torch.float64)
-            self.hat_lse = torch.empty((B, T, U1), dtype=torch.float64)
+        # HAT: each row's logsigmoid(z_blank), float64, shaped as row_sum
+        self.hat_lsb = torch.empty((B, T, U1) if hat_blank >= 0 else (0,), dtype=torch.float64)
         self.x = x
 
     def _addr(self, t: torch.Tensor) -> tuple:
@@ -398,12 +435,27 @@ class RowPasses:
         return (_flat(t), own_lines(np.asarray(o, i64)), own_lines(np.asarray(st, i64)),
                 own_lines(np.asarray(su, i64)))
 
-    def prologue(self, g: torch.Tensor | None = None) -> np.ndarray:
+    def prologue(self, g: torch.Tensor | None = None, arcs: tuple | None = None) -> np.ndarray:
         """Shifts and sums of every row; returns per-sequence NaN/``+inf`` flags.
 
-        ``g``: also write ``exp(x - m)`` into its rows (same row layout as ``x``'s)."""
+        ``g``: also write ``exp(x - m)`` into its rows (same row layout as ``x``'s).
+        ``arcs``: ``(arc_blank, arc_emit, blank, targets, sigma, delay_penalty)``: also
+        the arc scores of an RNN-T-topology table (``_row_arcs``) into the two float64
+        ``(B, T, U1, 1)`` grids (shaped as ``row_sum``); ``targets (B, S)`` int64."""
         jb, j0, j1, cost = self.jobs
         bad = np.zeros(len(cost), np.uint8)
+        i64 = np.int64
+        if arcs is None:
+            f64 = np.zeros(1, np.float64)
+            arg = (False, np.zeros((1, 1), i64), 0, own_lines(np.zeros(1, i64)), 0.0, 0.0, f64,
+                   f64)
+        else:
+            ab, ae, cls, tg, sigma, dp = arcs
+            tgn = np.ascontiguousarray(tg.numpy().astype(i64))
+            if tgn.ndim != 2 or tgn.shape[1] == 0:
+                tgn = np.zeros((len(self.Tl), 1), i64)
+            arg = (True, tgn, int(cls), own_lines(np.asarray(self.Tl, i64)), float(sigma),
+                   float(dp), ab.view(-1).numpy(), ae.view(-1).numpy())
         if cost:
             xa = self._addr(self.x)
             same = g is not None and self._same(g)
@@ -411,14 +463,16 @@ class RowPasses:
             if self.hat_blank >= 0:
                 if same:
                     raise ValueError("HAT's row passes write no gradient over the logits")
+                tgn, _, Tla, sigma, dp, abn, aen = arg[1:]
                 run_jobs(_hat_prologue_job, (*xa, g is not None, *ga, self.V, self.hat_blank,
                                              jb, j0, j1, self.ub1, self.rm, self.rs, self.ro,
-                                             self.rst, self.hat_lsb.view(-1).numpy(),
-                                             self.hat_lse.view(-1).numpy(), bad),
+                                             self.rst, self.hat_lsb.view(-1).numpy(), bad,
+                                             arg[0], tgn, Tla, sigma, dp, abn, aen),
                          range(len(cost)), order=cost)
             else:
                 run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0,
-                                         j1, self.ub1, self.rm, self.rs, self.ro, self.rst, bad),
+                                         j1, self.ub1, self.rm, self.rs, self.ro, self.rst, bad,
+                                         *arg),
                          range(len(cost)), order=cost)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
@@ -446,7 +500,7 @@ class RowPasses:
             run_jobs(_hat_epilogue_job, (*self._addr(g), self.V, self.hat_blank, jb, j0, j1,
                                          self.ub1, ue, self.rs, self.ro, self.rst,
                                          ob.contiguous().numpy(), oe.contiguous().numpy(),
-                                         self.hat_lsb.numpy(), tgn, float(scale),
+                                         self.hat_lsb.view(-1).numpy(), tgn, float(scale),
                                          float(clamp), float(gscale),
                                          own_lines(skip.astype(np.uint8))),
                      range(len(cost)), order=cost)
