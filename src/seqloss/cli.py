@@ -1,4 +1,4 @@
-"""The ``seqloss`` command: ``demo``, ``doctor FILE`` and ``bench``.
+"""The ``seqloss`` command: ``demo``, ``doctor FILE``, ``bench`` and ``warmup``.
 
 Exit status: 0 on success; 1 when ``doctor`` finds a problem (a non-finite or
 infeasible sequence, or arguments the loss rejects); 2 for bad usage or an
@@ -236,6 +236,49 @@ def _mib(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+# --------------------------------------------------------------------------- warmup
+_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def _cmd_warmup(args: argparse.Namespace) -> int:
+    import time
+
+    import torch
+
+    from . import warmup as W
+
+    prog = "seqloss warmup"
+    dtypes = None
+    if args.dtypes is not None:
+        names = [x.strip() for x in args.dtypes.split(",") if x.strip()]
+        bad = [n for n in names if n not in _DTYPES]
+        if bad or not names:
+            return _fail(prog, f"--dtypes: expected some of {', '.join(_DTYPES)}, got "
+                         f"{args.dtypes!r}")
+        dtypes = [getattr(torch, n) for n in names]
+    unknown = [e for e in args.entries if e not in W.ENTRIES]
+    if unknown:
+        return _fail(prog, f"unknown entry point(s) {', '.join(unknown)}; expected some of "
+                     f"{', '.join(W.ENTRIES)}")
+    import numba
+
+    where = (f"NUMBA_CACHE_DIR={numba.config.CACHE_DIR}" if numba.config.CACHE_DIR else
+             f"__pycache__ beside the sources in {os.path.dirname(os.path.abspath(__file__))} "
+             "(Numba's user cache folder if those are read-only)")
+    print(f"compiling seqloss's CPU kernels into the Numba cache: {where}", flush=True)
+    width = max(len(c.name) for c, _ in W.cases(args.entries or None, dtypes)) + 1
+
+    def log(case, dt, s):
+        print(f"  {case.name:<{width}} {str(dt).replace('torch.', ''):<8} {s:6.1f} s",
+              flush=True)
+
+    t0 = time.perf_counter()
+    done = W.warmup(args.entries or None, dtypes, log=log)
+    print(f"{len(done)} calls of {len({n.split(' (')[0] for n, _, _ in done})} entry points "
+          f"in {time.perf_counter() - t0:.1f} s", flush=True)
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     from ._core.registry import NAMES
@@ -245,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"seqloss {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench,warmup}")
 
     d = sub.add_parser("demo", help="train tiny CTC, RNN-T and TDT models on CPU in about a "
                        "minute",
@@ -304,6 +347,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, default=2,
                    help="torch.set_num_threads (default 2)")
     b.set_defaults(func=_cmd_bench)
+
+    w = sub.add_parser(
+        "warmup", help="compile every CPU kernel ahead, into Numba's cache (for container "
+        "builds)",
+        description="Call every public entry point once on a tiny batch (forward and "
+        "backward), for each input dtype it takes (float32, float64 and, for the losses, "
+        "float16 and bfloat16) and the call variants that reach other kernels, so that "
+        "Numba compiles its kernels into its on-disk cache: NUMBA_CACHE_DIR when set, else "
+        "__pycache__ beside the installed sources. A later process with the same install "
+        "and cache folder then loads them instead of compiling on its first call. Run it "
+        "in a Dockerfile after pip install, with NUMBA_CACHE_DIR set there and at run time "
+        "to the same folder. Prints each call and how long it took.")
+    w.add_argument("entries", nargs="*", metavar="ENTRY",
+                   help="entry points to compile (default: all), e.g. ctc_loss rnnt_loss")
+    w.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="comma-separated input dtypes (default: float32,float64,float16,"
+                   "bfloat16, each where the entry point takes it)")
+    w.set_defaults(func=_cmd_warmup)
     return p
 
 
@@ -311,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("choose a command: demo, doctor or bench")
+        parser.error("choose a command: demo, doctor, bench or warmup")
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

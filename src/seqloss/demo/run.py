@@ -9,7 +9,11 @@ writes an alignment heatmap.
 
 from __future__ import annotations
 
+import io
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -212,8 +216,10 @@ def half_precision(model: D.TinyCTC, batch: D.Batch, backend: str, console: Cons
     with torch.no_grad():
         lp32 = model(batch.x)
     args = (batch.targets, batch.input_lengths, batch.target_lengths)
-    ref = seqloss.ctc_loss(lp32.double(), *args, blank=D.BLANK, reduction="none", backend=backend)
-    _heading(console, "Half precision on CPU (per-sequence loss against float64)")
+    # torch's float64 loss is the reference: an independent one, and it spares a
+    # first run compiling seqloss's float64 kernels for one line of the demo.
+    ref = F.ctc_loss(lp32.double(), *args, blank=D.BLANK, reduction="none")
+    _heading(console, "Half precision on CPU (per-sequence loss against torch's float64)")
     t = Table()
     t.add_column("dtype")
     t.add_column("library")
@@ -276,6 +282,30 @@ def infeasible(model: D.TinyCTC, batch: D.Batch, backend: str, console: Console)
     console.print("seqloss.diagnose says, for item 1: " + rep.sequences[1].verdict, markup=False)
 
 
+def _ctc_path(lp: torch.Tensor, batch: D.Batch, b: int) -> torch.Tensor:
+    """Utterance ``b``'s forced alignment ``(T,)`` from the CTC model's ``lp (T, 1, C)``."""
+    labels, _ = seqloss.ctc_align(lp[:, :1], batch.targets[b: b + 1],
+                                  batch.input_lengths[b: b + 1], batch.target_lengths[b: b + 1],
+                                  blank=D.BLANK)
+    return labels[0]
+
+
+@torch.no_grad()
+def _rnnt_logits(rnnt_model: D.TinyRNNT, batch: D.Batch, b: int) -> torch.Tensor:
+    """Utterance ``b``'s joint logits ``(T_b, U_b + 1, C)``."""
+    L, Tb = int(batch.target_lengths[b]), int(batch.input_lengths[b])
+    return rnnt_model(batch.x[b: b + 1], batch.targets[b: b + 1, :L])[0, :Tb]
+
+
+def _rnnt_frames(logits: torch.Tensor, batch: D.Batch, b: int) -> torch.Tensor:
+    """The frame of each label on utterance ``b``'s best RNN-T path, ``(U_b,)``."""
+    L = int(batch.target_lengths[b])
+    frames, _ = seqloss.rnnt_align(logits[None], batch.targets[b: b + 1, :L],
+                                   batch.input_lengths[b: b + 1], batch.target_lengths[b: b + 1],
+                                   blank=D.BLANK)
+    return frames[0]
+
+
 def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batch, out: Path,
                   console: Console, b: int = 0, note: str | None = None) -> Path | None:
     """Utterance ``b``'s CTC posteriors with its forced (Viterbi) path; None without
@@ -296,11 +326,8 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     truth = batch.label_list(b)
     path_label = "greedy path (argmax)"
     path = lp[:Tb, 0].argmax(-1).tolist()
-    align = getattr(seqloss, "ctc_align", None)
-    if align is not None:
-        labels, _ = align(lp[:, :1], batch.targets[b: b + 1], batch.input_lengths[b: b + 1],
-                          batch.target_lengths[b: b + 1], blank=D.BLANK)
-        path = labels[0, :Tb].tolist()
+    if hasattr(seqloss, "ctc_align"):
+        path = _ctc_path(lp, batch, b)[:Tb].tolist()
         path_label = "forced alignment (seqloss.ctc_align)"
     panels = 2 if rnnt_model is not None else 1
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels), squeeze=False)
@@ -316,17 +343,12 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     fig.colorbar(im, ax=ax, label="p(class | frame)")
     if rnnt_model is not None:
         ax = axes[1, 0]
-        with torch.no_grad():
-            # logits (T, U+1, V)
-            logits = rnnt_model(batch.x[b: b + 1], batch.targets[b: b + 1, :L])[0, :Tb]
+        logits = _rnnt_logits(rnnt_model, batch, b)
         lpr = logits.log_softmax(-1)
         emit = torch.stack([lpr[:, u, truth[u]] for u in range(L)], dim=1).exp()  # (T, U)
         im = ax.imshow(emit.T.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=1)
-        ra = getattr(seqloss, "rnnt_align", None)
-        if ra is not None:
-            frames, _ = ra(logits[None], batch.targets[b: b + 1, :L], batch.input_lengths[b: b + 1],
-                           batch.target_lengths[b: b + 1], blank=D.BLANK)
-            ax.plot(frames[0].tolist(), range(L), "c.-", lw=1, ms=6,
+        if hasattr(seqloss, "rnnt_align"):
+            ax.plot(_rnnt_frames(logits, batch, b).tolist(), range(L), "c.-", lw=1, ms=6,
                     label="best path emissions (seqloss.rnnt_align)")
             ax.legend(loc="upper left", fontsize=8)
         ax.set_yticks(range(L), [f"{u}: {c}" for u, c in enumerate(truth)])
@@ -344,6 +366,76 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
     return path_png
 
 
+# ----------------------------------------------------------------- compiling ahead
+# On a fresh install most of the demo's first minute is Numba compiling kernels, and
+# Numba holds the GIL for most of a compile, so a thread would not overlap it with
+# training: a child process compiles (into Numba's on-disk cache, which this process
+# then loads) the RNN-T, TDT and alignment kernels while CTC compiles and trains here.
+_GROUPS = ("rnnt", "tdt", "align")
+
+
+def _precompile(backend: str) -> None:
+    """The child's work: the demo's own calls on one batch, naming each group once compiled."""
+    torch.set_num_threads(1)
+    quiet = Console(file=io.StringIO())
+    batch = make_train_batch(torch.Generator().manual_seed(0))
+    rnnt_model, _ = train_rnnt(1, 0, backend, quiet)
+    print("rnnt", flush=True)
+    train_tdt(1, 0, backend, quiet)
+    print("tdt", flush=True)
+    with torch.no_grad():
+        lp = D.TinyCTC()(batch.x[:1])
+    _ctc_path(lp, batch, 0)
+    _rnnt_frames(_rnnt_logits(rnnt_model, batch, 0), batch, 0)
+    print("align", flush=True)
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class _Ahead:
+    """The compiling child, when there is a core for it; :meth:`wait` ``(group)`` blocks
+    until the child has compiled that group, or has ended (the caller then compiles)."""
+
+    def __init__(self, backend: str, enabled: bool) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.done: set[str] = set()
+        if not enabled or _cpus() < 2:  # one core: the child would only take turns with us
+            return
+        # The child must import these very files: Numba's cache is keyed by source path.
+        root = str(Path(seqloss.__file__).resolve().parent.parent)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        code = f"from seqloss.demo.run import _precompile; _precompile({backend!r})"
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+        except OSError:
+            self.proc = None
+
+    def wait(self, group: str) -> None:
+        while self.proc is not None and group not in self.done:
+            line = self.proc.stdout.readline()
+            if not line:  # ended early (e.g. no cache to write): compile what is left here
+                self.close()
+                return
+            self.done.add(line.strip())
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc = None
+
+
 def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 0,
              backend: str = "auto", console: Console | None = None) -> int:
     console = console or Console()
@@ -359,12 +451,28 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     from .._core.dispatch import resolve_backend
 
     name = resolve_backend(backend, torch.device("cpu"))
+    ahead = _Ahead(backend, enabled=name == "numba")
+    try:
+        _tour(steps, out, seed, backend, name, console, ahead)
+    finally:
+        ahead.close()
+    console.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+def _tour(steps: int, out: str, seed: int, backend: str, name: str, console: Console,
+          ahead: _Ahead) -> None:
     console.rule("[bold]seqloss demo")
     console.print(
         f"Tiny models on a synthetic task: label strings (ids 1..{D.NUM_LABELS}, blank 0) spoken "
         "as noisy one-hot frames, each label 2-3 frames long. CPU, backend: "
         f"{name}, {steps} steps, seed {seed}."
     )
+    if name == "numba":
+        console.print("On a fresh install the first steps of each model wait for Numba to "
+                      "compile seqloss's kernels (cached afterwards; `seqloss warmup` compiles "
+                      "them all ahead)" + (", the RNN-T, TDT and alignment kernels in a "
+                      "background process" if ahead.proc else "") + ".")
     g_test = torch.Generator().manual_seed(seed + 1000)
     test = D.make_batch(N_EVAL, g_test)
 
@@ -380,6 +488,7 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
                   f"{_ler(truth, hyp):.1%}")
     _undertrained_hint(console, _ler(truth, hyp), steps)
 
+    ahead.wait("rnnt")
     rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
     _heading(console, "RNN-T loss (per label) falling")
     console.print(_loss_table(r_losses, steps))
@@ -390,6 +499,7 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
                   f"{_ler(truth, r_hyp):.1%}")
     _undertrained_hint(console, _ler(truth, r_hyp), steps)
 
+    ahead.wait("tdt")
     tdt_model, t_losses = train_tdt(steps, seed, backend, console)
     _heading(console, f"TDT loss (per label) falling (durations {list(tdt_model.durations)})")
     console.print(_loss_table(t_losses, steps))
@@ -415,6 +525,5 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
     verdict = {True: "right", False: "wrong"}
     note = (f"held-out utterance {b}: CTC greedy {verdict[hyp[b] == truth[b]]}, "
             f"RNN-T greedy {verdict[r_hyp[b] == truth[b]]}")
+    ahead.wait("align")
     alignment_png(model, rnnt_model, test, Path(out), console, b=b, note=note)
-    console.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
-    return 0
