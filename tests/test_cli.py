@@ -340,3 +340,52 @@ def test_bench_timer_rotates_the_order_of_the_calls():
     times = _common.interleaved_times(fns, repeat=3, warmup=0)
     assert seq == list("abc" "bca" "cab")
     assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_demo_does_not_wait_for_a_compiling_child_that_ended():
+    from seqloss.demo import run as _demo
+
+    ahead = _demo._Ahead("auto", enabled=True)
+    if ahead.proc is None:
+        pytest.skip("one CPU: the demo compiles everything itself")
+    ahead.proc.kill()  # as if it had failed (e.g. no cache folder it can write)
+    ahead.wait("rnnt")  # returns: the demo compiles the kernels itself
+    assert ahead.proc is None
+    ahead.wait("tdt")
+    ahead.close()
+
+
+# The demo's calls after CTC, in a process of their own: the Numba dispatchers that
+# missed the cache (compiled here) afterwards.
+_DEMO_AFTER_CTC = """
+import gc, io, torch
+from numba.core.dispatcher import Dispatcher
+from rich.console import Console
+from seqloss.demo import run as R, data as D
+torch.set_num_threads(1)
+quiet = Console(file=io.StringIO())
+test = D.make_batch(8, torch.Generator().manual_seed(7))
+rnnt, _ = R.train_rnnt(2, 3, "auto", quiet)
+R.train_tdt(2, 3, "auto", quiet)
+with torch.no_grad():
+    lp = D.TinyCTC()(test.x[2:3])
+R._ctc_path(lp, test, 2)
+R._rnnt_frames(R._rnnt_logits(rnnt, test, 2), test, 2)
+print(sorted(d.py_func.__qualname__ for d in gc.get_objects()
+             if isinstance(d, Dispatcher) and sum(d._cache_misses.values())))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("SEQLOSS_SLOW_TESTS") != "1",
+                    reason="compiles from scratch; set SEQLOSS_SLOW_TESTS=1")
+def test_demo_child_compiles_every_kernel_the_demo_reaches_after_ctc(tmp_path):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    child = subprocess.run([sys.executable, "-c", "from seqloss.demo.run import _precompile; "
+                            "_precompile('auto')"], env=env, capture_output=True, text=True,
+                           timeout=900)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.split() == ["rnnt", "tdt", "align"]
+    r = subprocess.run([sys.executable, "-c", _DEMO_AFTER_CTC], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"  # nothing compiled: all from the cache

@@ -170,11 +170,16 @@ def _lattice(dtype: torch.dtype) -> None:
     _backward(seqloss.transducer_lattice(lp[..., -1:], lp[..., :1], il, tl))
 
 
-def _arcs(dtype: torch.dtype) -> None:
+def _arcs(dtype: torch.dtype, tdt: bool = False) -> None:
     import seqloss
 
     tg, il, tl = _lengths()
-    _backward(*seqloss.transducer_arc_logprobs(_joint(V, dtype), tg, il, tl))
+    if tdt:
+        arcs = seqloss.transducer_arc_logprobs(_joint(V + 3, dtype), tg, il, tl,
+                                               durations=[0, 1, 2])
+    else:
+        arcs = seqloss.transducer_arc_logprobs(_joint(V, dtype), tg, il, tl)
+    _backward(*arcs)
 
 
 def _align(entry: str) -> Callable[[torch.dtype], None]:
@@ -228,6 +233,7 @@ CASES: tuple[Case, ...] = (
     Case("rnnt_loss_pruned", "", FLOAT, _factored("rnnt_loss_pruned")),
     Case("transducer_lattice", "", FLOAT, _lattice),
     Case("transducer_arc_logprobs", "", FLOAT, _arcs),
+    Case("transducer_arc_logprobs", "durations", FLOAT, lambda dt: _arcs(dt, tdt=True)),
     Case("transducer_arc_logprobs_from_joint", "", FLOAT,
          _from_joint("transducer_arc_logprobs_from_joint", V)),
     Case("ctc_align", "", FLOAT, _align("ctc_align")),
