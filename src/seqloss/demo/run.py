@@ -371,11 +371,14 @@ def alignment_png(model: D.TinyCTC, rnnt_model: D.TinyRNNT | None, batch: D.Batc
 # Numba holds the GIL for most of a compile, so a thread would not overlap it with
 # training: a child process compiles (into Numba's on-disk cache, which this process
 # then loads) the RNN-T, TDT and alignment kernels while CTC compiles and trains here.
-_GROUPS = ("rnnt", "tdt", "align")
 
 
-def _precompile(backend: str) -> None:
-    """The child's work: the demo's own calls on one batch, naming each group once compiled."""
+def _precompile(backend: str, parent_file: str | None = None) -> None:
+    """The child's work: the demo's own calls on one batch, naming each group once compiled.
+    Nothing when this is not the parent's seqloss (``parent_file``): Numba's cache is keyed by
+    source path, so what it compiled would not serve the parent."""
+    if parent_file is not None and str(Path(seqloss.__file__).resolve()) != parent_file:
+        return
     torch.set_num_threads(1)
     quiet = Console(file=io.StringIO())
     batch = make_train_batch(torch.Generator().manual_seed(0))
@@ -406,13 +409,13 @@ class _Ahead:
         self.done: set[str] = set()
         if not enabled or _cpus() < 2:  # one core: the child would only take turns with us
             return
-        # The child must import these very files: Numba's cache is keyed by source path.
-        root = str(Path(seqloss.__file__).resolve().parent.parent)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        code = f"from seqloss.demo.run import _precompile; _precompile({backend!r})"
+        here = Path(seqloss.__file__).resolve()
+        # The parent's path (e.g. a script's folder) as a fallback, after the child's own.
+        code = (f"import sys; sys.path.append({str(here.parent.parent)!r}); "
+                "from seqloss.demo.run import _precompile; "
+                f"_precompile({backend!r}, {str(here)!r})")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, text=True,
+            self.proc = subprocess.Popen([sys.executable, "-c", code], text=True,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.DEVNULL)
         except OSError:
