@@ -402,7 +402,7 @@ _MEM_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("backend,shape", [
     pytest.param("numba", (1, 1024, 1100, 1024), id="numba-4.3GiB-broadcast"),
-    pytest.param("reference", (1, 1024, 128, 1024), id="reference-0.5GiB-broadcast"),
+    pytest.param("reference", (1, 1024, 32, 1024), id="reference-0.1GiB-broadcast"),
 ])
 def test_peak_memory_far_below_the_broadcast(backend, shape):
     pytest.importorskip("numba") if backend == "numba" else None
@@ -419,5 +419,8 @@ def test_peak_memory_far_below_the_broadcast(backend, shape):
     assert r.returncode == 0, r.stderr[-2000:]
     extra = float(r.stdout.split("EXTRA_MIB")[1].split()[0])
     broadcast_mib = B * M * K * N * 4 / 2**20
-    # The call's own outputs (out, the two gradients) are ~12 MiB here.
-    assert extra < 200, f"{extra:.0f} MiB extra (the broadcast would be {broadcast_mib:.0f} MiB)"
+    # The call's own outputs (out, the two gradients) are ~12 MiB here; the reference's
+    # blocks of the broadcast ~32 MiB whatever K: its K is small (a Python loop of torch
+    # ops), the bound half its broadcast.
+    limit = min(200, broadcast_mib / 2)
+    assert extra < limit, f"{extra:.0f} MiB extra (the broadcast would be {broadcast_mib:.0f} MiB)"
