@@ -25,12 +25,15 @@ pytestmark = [
 ARGS = ["--steps", "4", "--batch", "5", "--seed", "3", "--lr", "0.5"]
 
 
-def _run(cmd: list[str], tmp: Path) -> None:
+def _start(cmd: list[str], tmp: Path) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if Path("/sys/class/net/lo").exists():
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         cwd=tmp, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp, start_new_session=True)
+
+
+def _wait(p: subprocess.Popen) -> None:
     try:
         out, err = p.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -43,16 +46,20 @@ def _run(cmd: list[str], tmp: Path) -> None:
 def test_ddp_two_ranks_match_single_process(tmp_path):
     # Loopback throughout: where the machine's hostname does not resolve (containers,
     # sandboxes), torchrun's default address makes the ranks retry forever.
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-          "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(SCRIPT), *ARGS,
-          "--save", str(tmp_path / "ddp.pt")], tmp_path)
+    ranks = _start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(SCRIPT), *ARGS,
+                    "--save", str(tmp_path / "ddp.pt")], tmp_path)
+    try:
+        # The single-process run, in this process (no WORLD_SIZE here: no process group),
+        # while the ranks start up (most of their time is imports).
+        spec = importlib.util.spec_from_file_location("ddp_ctc", SCRIPT)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        assert "WORLD_SIZE" not in os.environ
+        state, losses = mod.train(steps=4, global_batch=5, seed=3, lr=0.5, backend="auto")
+    finally:
+        _wait(ranks)
     ddp = torch.load(tmp_path / "ddp.pt")
-    # The single-process run, in this process (no WORLD_SIZE here: no process group).
-    spec = importlib.util.spec_from_file_location("ddp_ctc", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    assert "WORLD_SIZE" not in os.environ
-    state, losses = mod.train(steps=4, global_batch=5, seed=3, lr=0.5, backend="auto")
     single = {"state": state, "losses": losses}
     torch.manual_seed(3)
     from seqloss.demo.data import TinyCTC
@@ -143,10 +150,15 @@ def test_ddp_every_loss_family(tmp_path):
     Both splits run in one launch of the ranks."""
     script = tmp_path / "ddp_losses.py"
     script.write_text(DDP_LOSSES)
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-          "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(script),
-          str(tmp_path / "ddp.pt")], tmp_path)
-    _run([sys.executable, str(script), str(tmp_path / "one.pt")], tmp_path)
+    # The ranks and the single process at once: most of each one's time is imports.
+    ranks = _start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--local-addr", "127.0.0.1", "--nproc_per_node=2", str(script),
+                    str(tmp_path / "ddp.pt")], tmp_path)
+    one = _start([sys.executable, str(script), str(tmp_path / "one.pt")], tmp_path)
+    try:
+        _wait(ranks)
+    finally:
+        _wait(one)
     splits, one = torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "one.pt")
     assert sorted(splits) == ["halves", "one_rank_without_data"]
     for split, ddp in splits.items():
