@@ -181,7 +181,7 @@ def test_bench_unknown_peer_exit_2(capsys):
     assert "unknown ctc peer" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("cmd", ["demo", "doctor", "bench"])
+@pytest.mark.parametrize("cmd", ["demo", "doctor", "bench", "warmup"])
 def test_subcommand_help(cmd, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main([cmd, "--help"])
@@ -192,7 +192,7 @@ def test_subcommand_help(cmd, capsys):
 def test_python_m_seqloss_help():
     r = run("--help")
     assert r.returncode == 0
-    for cmd in ("demo", "doctor", "bench"):
+    for cmd in ("demo", "doctor", "bench", "warmup"):
         assert cmd in r.stdout
 
 

@@ -358,7 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
         "__pycache__ beside the installed sources. A later process with the same install "
         "and cache folder then loads them instead of compiling on its first call. Run it "
         "in a Dockerfile after pip install, with NUMBA_CACHE_DIR set there and at run time "
-        "to the same folder. Prints each call and how long it took.")
+        "to the same folder. Numba keys the cache by CPU model: an image run on other CPUs "
+        "needs NUMBA_CPU_NAME=generic both here and at run time. Prints each call and how "
+        "long it took.")
     w.add_argument("entries", nargs="*", metavar="ENTRY",
                    help="entry points to compile (default: all), e.g. ctc_loss rnnt_loss")
     w.add_argument("--dtypes", default=None, metavar="LIST",

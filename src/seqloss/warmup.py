@@ -6,7 +6,9 @@ a tiny batch, forward and backward, so that a container image built with it (or 
 machine that ran it once) starts at full speed. The cache is where Numba puts it:
 ``NUMBA_CACHE_DIR`` when set, else ``__pycache__`` beside the installed sources (or a
 user cache folder when those are read-only); a process later using the same sources
-and cache folder loads the kernels instead of compiling them.
+and cache folder loads the kernels instead of compiling them, on a CPU of the same model
+(Numba keys the cache by CPU name and features; ``NUMBA_CPU_NAME=generic``, set both when
+warming and when running, makes it portable).
 
 :data:`CASES` lists the calls: one per entry point and input dtype, plus the call
 variants that reach other kernels (a non-contiguous CTC input, unfused log-softmax, the
