@@ -157,3 +157,62 @@ def test_plain_op_runs_eagerly_and_compiles():
     torch.testing.assert_close(PLAIN(x, 2), ref)
     torch.testing.assert_close(torch.compile(lambda t: PLAIN(t, 2), fullgraph=True)(x), ref)
     torch.library.opcheck(PLAIN.op, (x, 2))
+
+
+# An op with an implementation per backend: "doubled" computes 2 * sum(x**2) per row itself,
+# the others get the plain implementation times 2 through a different code path.
+RAN: list[str] = []
+
+
+def _bk_impl(x: Tensor, backend: str, compute_grad: bool,
+             validate: bool) -> tuple[Tensor, Tensor]:
+    RAN.append("default")
+    v = 2 * (x.detach() ** 2).sum(-1)
+    return v, (4 * x.detach()) if compute_grad else x.new_empty(0)
+
+
+def _bk_doubled(x, backend, compute_grad, validate):
+    RAN.append("doubled")
+    xd = x.detach()
+    return (xd * xd).sum(-1) * 2, (xd * 4) if compute_grad else x.new_empty(0)
+
+
+def _bk_fake(x, backend, compute_grad, validate):
+    return x.new_empty(x.shape[:1]), torch.empty_like(x) if compute_grad else x.new_empty(0)
+
+
+BK = OpDecl("seqloss_test::per_backend", _bk_impl, _bk_fake, per_backend={"doubled": _bk_doubled})
+
+
+@pytest.mark.parametrize("backend", ["doubled", "plain"])
+def test_per_backend_implementation_on_every_path(backend):
+    x, _ = _leaves()
+    want = "doubled" if backend == "doubled" else "default"
+    ref_v = 2 * (x.detach() ** 2).sum(-1)
+    ref_g = torch.autograd.grad((2 * (x**2).sum(-1)).sum(), x)[0]
+    paths = {
+        "eager": lambda a: torch.autograd.grad(BK.value(a, backend, True, True).sum(), a)[0],
+        "no grad": lambda a: BK.value(a.detach(), backend, False, True),
+        "torch.func": lambda a: torch.func.grad(
+            lambda b: BK.value(b, backend, True, True).sum())(a.detach()),
+    }
+    for name, fn in paths.items():
+        RAN.clear()
+        out = fn(x)
+        assert RAN == [want], (name, RAN)
+        torch.testing.assert_close(out, ref_v if name == "no grad" else ref_g)
+    torch._dynamo.reset()
+    RAN.clear()
+    compiled = torch.compile(lambda a: BK.value(a, backend, True, True).sum(), fullgraph=True,
+                             backend="aot_eager")
+    cx = x.detach().clone().requires_grad_()
+    compiled(cx).backward()
+    assert want in RAN and set(RAN) == {want}, RAN  # the registered op chose it too
+    torch.testing.assert_close(cx.grad, ref_g)
+    torch.library.opcheck(BK.op, (x, backend, True, True))
+
+
+def test_per_backend_needs_a_loss_like_op():
+    with pytest.raises(ValueError, match="per_backend"):
+        OpDecl("seqloss_test::per_backend_vjp", _mm_impl, _mm_fake, vjp=_mm_vjp,
+               per_backend={"x": _mm_impl})

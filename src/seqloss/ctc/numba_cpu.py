@@ -53,13 +53,18 @@ send the sequence to the extended-range path: the result stays exact, at that pa
 cost (``dp = 0.01`` at ``T_b = 500`` stays on the fast path, ``0.05`` leaves it).
 
 Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
-a callee's code into every caller and optimizes and emits it again there, so the two
-largest functions, ``_ctc_fast_one`` and ``_fast_alpha``, are called through the
-address of their compiled code (``_call_fast_one``, ``_call_fast_alpha``, the
-addresses in ``_ZERO``) and compiled once each; the extended and log-space paths
-(``_ctc_fallback``) compile only when an input needs them; small helpers are inlined
-(each separate function is one more module, machine-code emission and cache entry).
-float32 first call (forward+backward, 2-core machine): ~22 s of CPU before, ~14 s.
+a callee's code into every caller and optimizes and emits it again there, and its IR
+inliner and type inference cost more than linearly in a function's size, so the largest
+functions, ``_ctc_fast_one``, ``_fast_alpha`` and ``_ctc_seq``, are called through the
+address of their compiled code (``_call_fast_one``, ``_call_fast_alpha``, ``_call_seq``,
+the addresses in ``_ZERO``) and compiled once each; the fused log-softmax pass
+(``_fused_rows``, with ``_max`` and ``_sum``) compiles on the first fused call only, and
+the extended and log-space paths (``_ctc_fallback``) only when an input needs them;
+small helpers are inlined (each separate function is one more module, machine-code
+emission and cache entry), and overloads that would each compile once more
+(``np.zeros``, ``ndarray.sum``, ``ndarray.view``) are written out. float32 first call
+(forward+backward, 2-core machine, CPU seconds, same-load pairs): ~22 s before the
+addresses, 11-12 s with two of them, 9.5-10.5 s now.
 
 Why not log space throughout: the installed llvmlite has no vector math
 library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
@@ -198,7 +203,8 @@ def _check_values(targets, concat, il, tl, T, C, blank):
     Also returns the concatenated targets' offsets (empty for padded targets)."""
     B = il.shape[0]
     width = targets.shape[1]
-    toff = np.zeros(B if concat else 0, np.int64)
+    toff = np.empty(B if concat else 0, np.int64)  # (np.zeros: one more overload to compile)
+    toff[:] = 0
     for b in range(B):
         if il[b] < 0 or il[b] > T or tl[b] < 0 or tl[b] > width:
             return 1, toff
@@ -601,15 +607,15 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
 
 
 @njit(cache=True, error_model="numpy")
-def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0, t1,
-                lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh):
+def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lses, E, AE, AO, KA,
+                CE, CO, CK, sk, lp, bsh):
     """Emissions and scaled alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
     ``first``: the first sweep (``t0 == 0``): frame 0 starts the recursion, every
-    range check is made, ``lses[t]`` is stored (fused) and the softmax rows are
-    written into ``grad`` (``write_sm``), and the rows of frames ``k S`` are saved
-    as checkpoints ``k < len(CE)``. Otherwise a recomputation: row ``t0 % S``
-    holds alpha of ``t0`` (a checkpoint) and the checks, passed before, are skipped.
+    range check is made, and the rows of frames ``k S`` are saved as checkpoints
+    ``k < len(CE)``. Otherwise a recomputation: row ``t0 % S`` holds alpha of ``t0``
+    (a checkpoint) and the checks, passed before, are skipped. ``fused``: the frames'
+    log-softmax normalizers are in ``lses`` (``_fused_rows``).
     Returns ``(ok, sum of the frames' M_t)``.
     """
     nl = lab.shape[0]
@@ -621,15 +627,7 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t
     for t in range(t0, t1):
         r = t % S
         xr = _row(x, tb_layout, t, b)
-        lse = 0.0
-        if fused:
-            if first:
-                lse, s, _m = _softmax_lse(xr, C, ex)
-                lses[t] = lse
-                if write_sm:
-                    _write_softmax(grad, tb_layout, t, b, C, ex, s)
-            else:
-                lse = lses[t]
+        lse = lses[t] if fused else 0.0
         M, ok = _fast_emissions(xr, lab, lse, dp * ((Tb - 1) * 0.5 - t), lp, E, r)
         if first and not ok:
             # Every label masked at this frame (an exact zero), or a non-finite
@@ -665,16 +663,31 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t
     return True, logscale
 
 
-@njit(inline="always", cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
+def _fused_rows(x, tb_layout, b, C, Tb, write_sm, grad, lses, ex):
+    """The log-softmax normalizer of each frame ``t < T_b`` into ``lses[t]`` and, when
+    ``write_sm``, the softmax row into ``grad`` (``softmax - occupation`` needs it):
+    ``fused_log_softmax``'s first pass. A function of its own, called through its
+    address (``_call_fused_rows``) and compiled on the first fused call: a call
+    without fusion does not compile it (nor ``_max`` and ``_sum``)."""
+    for t in range(Tb):
+        lse, s, _m = _softmax_lse(_row(x, tb_layout, t, b), C, ex)
+        lses[t] = lse
+        if write_sm:
+            _write_softmax(grad, tb_layout, t, b, C, ex, s)
+
+
+@njit(cache=True, error_model="numpy")
 def _zeros(n):
     # np.empty and a fill: np.zeros and np.full each compile one more overload per shape
-    # and dtype (~0.1-0.3 s each on a fresh cache)
+    # and dtype (~0.1-0.3 s each on a fresh cache). Not inlined: compiled once for its
+    # nine call sites (an allocation costs more than the call).
     a = np.empty(n)
     a[:] = 0.0
     return a
 
 
-@njit(inline="always", cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _zeros2(n, m):
     a = np.empty((n, m))
     a[:] = 0.0
@@ -682,8 +695,11 @@ def _zeros2(n, m):
 
 
 @njit(cache=True, error_model="numpy")
-def _ctc_fast_one(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg):
+def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss,
+                  seg):
     """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
+
+    ``addrs``: the kind's addresses (see ``_ctc_chunk``).
 
     Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
     or ``FALLBACK`` (a quantity left float64's range: nothing usable written).
@@ -698,9 +714,11 @@ def _ctc_fast_one(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
     nseg = (Tb + S - 1) // S
     nck = nseg - 1 if compute_grad else 0
+    alpha = addrs[1]
     lses = np.empty(Tb if fused else 0)
     lp = np.empty(nl)
-    ex = np.empty(C if fused else 0)
+    if fused:
+        _call_fused_rows(addrs[2], x, tb_layout, b, C, Tb, compute_grad, grad, lses, np.empty(C))
     sk = _zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
     for i in range(1, Lb):
         sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
@@ -716,9 +734,8 @@ def _ctc_fast_one(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
     CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(),
-                                    compute_grad, grad, _I0(), Tb, lses, E, AE, AO, KA, CE, CO,
-                                    CK, sk, lp, ex, bsh)
+    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(),
+                                    Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
     if not ok:
         return FALLBACK
     rf = (Tb - 1) % S
@@ -758,8 +775,8 @@ def _ctc_fast_one(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             _copy_row(AE, 0, CE, sg)
             _copy_row(AO, 0, CO, sg)
             _copy_row(KA, 0, CK, sg)
-            _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), _NO(), grad,
-                        t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+            _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lses,
+                             E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lo = max(0, K - 2 * (Tb - t))
@@ -1135,9 +1152,9 @@ def _ctc_ext_one(x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out
     return FAST
 
 
-@njit(inline="always", cache=True, error_model="numpy")
-def _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
-             compute_grad, grad, loss, status, mode, seg, w, b):
+@njit(cache=True, error_model="numpy")
+def _ctc_seq(addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad,
+             loss, status, mode, seg, w, b):
     """CTC loss (and gradient) of sequence ``b`` on the fast path, or ``PENDING``.
 
     ``seg``: frames per segment of the checkpointed sweeps, as ``_SEGMENT_OVERRIDE``.
@@ -1148,8 +1165,10 @@ def _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused,
     The slower paths are not called from here: Numba compiles every function a jitted
     function can reach, and each caller re-optimizes and re-emits its callees' code,
     so they cost a fresh cache ~60% more compile time although few inputs take them.
-    Inlined into ``_ctc_chunk``, one level of that re-optimization less; ``_ctc_fast_one``
-    is called through its address ``fast_one`` (see ``_call_fast_one``).
+    Called through its address ``addrs[3]`` (``_call_seq``): compiled once, not
+    inlined into ``_ctc_chunk`` (whose compile then took ~1.5 s more: Numba's IR inliner
+    and type inference cost more than linearly in the function's size), nor optimized
+    again there; ``_ctc_fast_one`` is called through its address ``addrs[0]``.
     """
     T = x.shape[0] if tb_layout else x.shape[1]
     C = x.shape[2]
@@ -1179,7 +1198,7 @@ def _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused,
         return
     st = PENDING
     if mode == 0:
-        st = _call_fast_one(fast_one, alpha, x, tb_layout, b, C, lab, Tb, fused, dp,
+        st = _call_fast_one(addrs[0], addrs, x, tb_layout, b, C, lab, Tb, fused, dp,
                             compute_grad, grad, loss, seg)
     if st != FAST:
         status[b] = PENDING
@@ -1227,7 +1246,11 @@ _seq_weight = njit(inline="always", cache=True)(reduce.seq_weight)
 @njit(inline="always", cache=True, error_model="numpy")
 def _red_total(red, tl):
     """``sum_b L_b`` where the reduction (``reduce.CODES``) needs it, else 0."""
-    return tl.sum() if red == reduce.MEAN_VOLUME else 0
+    total = 0
+    if red == reduce.MEAN_VOLUME:  # (a loop: tl.sum() compiles an overload of its own)
+        for b in range(tl.shape[0]):
+            total += tl[b]
+    return total
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -1267,7 +1290,7 @@ def _ptr(typingctx, addr, like):
 
 
 @intrinsic
-def _call_fast_one(typingctx, addr, alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad,
+def _call_fast_one(typingctx, addr, addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad,
                    grad, out_loss, seg):
     """``_ctc_fast_one(x, ...)`` through the address ``addr`` of its compiled code.
 
@@ -1279,7 +1302,7 @@ def _call_fast_one(typingctx, addr, alpha, x, tb_layout, b, C, lab, Tb, fused, d
     convention (its exceptions propagate); the address is an argument, not a
     constant, so the callers stay cacheable.
     """
-    argtys = (alpha, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg)
+    argtys = (addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss, seg)
     if argtys != _fast_one_sig(x.dtype):  # the address is of that signature's code
         raise TypeError(f"_call_fast_one: {argtys} != {_fast_one_sig(x.dtype)}")
 
@@ -1323,20 +1346,57 @@ def _fast_alpha_sig(dt):
     x = types.Array(dt, 3, "C")
     i64, flag, f64 = types.int64, types.boolean, types.float64
     f1, f2, k2 = types.Array(f64, 1, "C"), types.Array(f64, 2, "C"), types.Array(i64, 2, "C")
-    return (x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, f64, flag, flag, x, i64, i64,
-            f1, f2, f2, f2, k2, f2, f2, k2, f1, f1, f1, i64)
+    return (x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, f64, flag, i64, i64,
+            f1, f2, f2, f2, k2, f2, f2, k2, f1, f1, i64)
 
 
 @intrinsic
-def _call_fast_alpha(typingctx, addr, x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm,
-                     grad, t0, t1, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh):
+def _call_fast_alpha(typingctx, addr, x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1,
+                     lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh):
     """``_fast_alpha(x, ...)`` through its address (as ``_call_fast_one``): its code is
     compiled once instead of again inside ``_ctc_fast_one``."""
-    argtys = (x, tb_layout, b, C, lab, Tb, fused, dp, first, write_sm, grad, t0, t1, lses, E,
-              AE, AO, KA, CE, CO, CK, sk, lp, ex, bsh)
+    argtys = (x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lses, E, AE, AO, KA, CE, CO,
+              CK, sk, lp, bsh)
     if argtys != _fast_alpha_sig(x.dtype):
         raise TypeError(f"_call_fast_alpha: {argtys} != {_fast_alpha_sig(x.dtype)}")
     return _ALPHA_RES(addr, *argtys), _call_codegen(_ALPHA_RES, argtys)
+
+
+def _seq_sig(dt):
+    """``_ctc_seq``'s argument types as ``_ctc_chunk`` and ``_ctc_fallback`` call it."""
+    x = types.Array(dt, 3, "C")
+    i64, flag, f64 = types.int64, types.boolean, types.float64
+    a1, a2 = types.Array(i64, 1, "C"), types.Array(i64, 2, "C")
+    return (a1, x, flag, a2, a1, a1, a1, i64, flag, f64, flag, x, types.Array(dt, 1, "C"), a1,
+            i64, i64, f64, i64)
+
+
+@intrinsic
+def _call_seq(typingctx, addr, addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
+              compute_grad, grad, loss, status, mode, seg, w, b):
+    """``_ctc_seq(addrs, ...)`` through its address (as ``_call_fast_one``)."""
+    argtys = (addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad, grad,
+              loss, status, mode, seg, w, b)
+    if argtys != _seq_sig(x.dtype):
+        raise TypeError(f"_call_seq: {argtys} != {_seq_sig(x.dtype)}")
+    return types.none(addr, *argtys), _call_codegen(types.none, argtys)
+
+
+def _fused_rows_sig(dt):
+    """``_fused_rows``' argument types as ``_ctc_fast_one`` calls it."""
+    x = types.Array(dt, 3, "C")
+    i64, flag = types.int64, types.boolean
+    f1 = types.Array(types.float64, 1, "C")
+    return (x, flag, i64, i64, i64, flag, x, f1, f1)
+
+
+@intrinsic
+def _call_fused_rows(typingctx, addr, x, tb_layout, b, C, Tb, write_sm, grad, lses, ex):
+    """``_fused_rows(x, ...)`` through its address: compiled on the first fused call only."""
+    argtys = (x, tb_layout, b, C, Tb, write_sm, grad, lses, ex)
+    if argtys != _fused_rows_sig(x.dtype):
+        raise TypeError(f"_call_fused_rows: {argtys} != {_fused_rows_sig(x.dtype)}")
+    return types.none(addr, *argtys), _call_codegen(types.none, argtys)
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
@@ -1346,8 +1406,9 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     """Sequences ``job * chunk`` to ``(job + 1) * chunk - 1``, one ``_ctc_seq`` each: a job
     of the pool (see ``_run_batch``).
 
-    ``kind``: ``_ZERO[dtype]``, the addresses of ``_ctc_fast_one`` and ``_fast_alpha``
-    compiled for the inputs' dtype, in an array of that dtype. The arrays arrive as addresses of
+    ``kind``: ``_ZERO[dtype]`` (``_FUSED[dtype]`` when ``fused``), the addresses of
+    ``_ctc_fast_one``, ``_fast_alpha``, ``_fused_rows`` (or 0) and ``_ctc_seq`` compiled for the
+    inputs' dtype, in an array of that dtype. The arrays arrive as addresses of
     C-contiguous memory (torch tensors' ``data_ptr()``) with their shapes: ``x`` and
     ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind``'s dtype (float32
     or float64), ``targets (R, S)``, ``il``, ``tl`` and the offsets ``toff`` ``(B,)`` int64,
@@ -1369,9 +1430,8 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     fresh cache.
     """
     zero = kind[0]
-    addr = kind.view(np.int64)
-    fast_one, alpha = addr[0], addr[1]
     i0 = np.int64(0)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1395,8 +1455,8 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
             offs = _offsets(tl)
     pending = False
     for b in range(b0, b1):  # one call site: _ctc_seq is inlined
-        _ctc_seq(fast_one, alpha, x, tb_layout, targets, offs, il, tl, blank, fused, dp,
-                 compute_grad, grad, loss, status, mode, seg, _seq_weight(red, tl[b], B, total), b)
+        _call_seq(addrs[3], addrs, x, tb_layout, targets, offs, il, tl, blank, fused, dp,
+                  compute_grad, grad, loss, status, mode, seg, _seq_weight(red, tl[b], B, total), b)
         pending |= status[b] == PENDING
     if chunk > 0:
         return 0
@@ -1415,9 +1475,8 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     sequence is run again, bit for bit), then ``_finish`` into ``out``. A separate
     entry point, so that it is compiled only when an input leaves the fast path."""
     zero = kind[0]
-    addr = kind.view(np.int64)
-    fast_one, alpha = addr[0], addr[1]
     i0 = np.int64(0)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1435,8 +1494,8 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     for b in range(B):
         w = _seq_weight(red, tl[b], B, total)
         if statusp == 0:
-            _ctc_seq(fast_one, alpha, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
-                     compute_grad, grad, loss, status, mode, seg, w, b)
+            _call_seq(addrs[3], addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
+                      compute_grad, grad, loss, status, mode, seg, w, b)
         if status[b] == PENDING:
             _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad,
                           grad, loss, status, mode, seg, w, b)
@@ -1534,8 +1593,9 @@ def ctc_loss_inline(
     concat = targets.dim() == 1
     R, S = (1, targets.shape[0]) if concat else targets.shape
     rp = out.data_ptr()
-    args = (_ZERO[log_probs.dtype], log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(),
-            R, S, concat, 0, input_lengths.data_ptr(), target_lengths.data_ptr(), blank,
+    kind = (_FUSED if fused_log_softmax else _ZERO)[log_probs.dtype]
+    args = (kind, log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S, concat, 0,
+            input_lengths.data_ptr(), target_lengths.data_ptr(), blank,
             fused_log_softmax, delay_penalty, grad is not None,
             0 if grad is None else grad.data_ptr(), rp if reduction == RED_NONE else 0, 0, 0,
             int(_SEGMENT_OVERRIDE), reduction, zero_infinity, 0 if reduction == RED_NONE else rp,
@@ -1620,7 +1680,8 @@ def ctc_loss_forward(
     red = _REDUCTIONS[reduction]
     out = torch.empty((), dtype=work)
     toff_t = torch.from_numpy(toff) if toff is not None and concat else None
-    args = (_ZERO[work], xv.data_ptr(), tb_layout, T, B, C, tg.data_ptr(), R, S, concat,
+    kind = (_FUSED if fused_log_softmax else _ZERO)[work]
+    args = (kind, xv.data_ptr(), tb_layout, T, B, C, tg.data_ptr(), R, S, concat,
             0 if toff_t is None else toff_t.data_ptr(), il_t.data_ptr(), tl_t.data_ptr(),
             int(blank), bool(fused_log_softmax), float(delay_penalty), bool(compute_grad), gp,
             loss.data_ptr(),
@@ -1660,23 +1721,32 @@ def _fast_one_sig(dt):
     """``_ctc_fast_one``'s argument types as ``_ctc_seq`` calls it, for ``dt`` (a numba dtype)."""
     x = types.Array(dt, 3, "C")
     i64, flag = types.int64, types.boolean
-    return (i64, x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, types.float64, flag, x,
-            types.Array(dt, 1, "C"), i64)
+    return (types.Array(i64, 1, "C"), x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag,
+            types.float64, flag, x, types.Array(dt, 1, "C"), i64)
 
 
 class _Kinds(dict):
     """torch dtype -> the entry points' first argument (see ``_ctc_chunk``): the addresses
-    of the dtype's ``_ctc_fast_one`` and ``_fast_alpha`` (compiled, or loaded from the
-    cache, on the dtype's first call) in an array of that dtype. An array, not a tuple:
-    the dispatcher types an array in C, a tuple in Python (~30 us a call)."""
+    of the dtype's ``_ctc_fast_one``, ``_fast_alpha``, for ``fused`` kinds ``_fused_rows``
+    (else 0), and ``_ctc_seq`` -- compiled, or loaded from the cache, on the first call
+    that needs them -- in an array of that dtype. An array, not a tuple: the dispatcher
+    types an array in C, a tuple in Python (~30 us a call)."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
 
     def __missing__(self, dtype):
         f32 = dtype == torch.float32
         dt = types.float32 if f32 else types.float64
         addr = np.array([_address(_ctc_fast_one, _fast_one_sig(dt), types.int64),
-                         _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES)], np.int64)
+                         _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES),
+                         _address(_fused_rows, _fused_rows_sig(dt), types.none) if self.fused
+                         else 0,
+                         _address(_ctc_seq, _seq_sig(dt), types.none)], np.int64)
         kind = self[dtype] = addr.view(np.float32 if f32 else np.float64)
         return kind
 
 
-_ZERO = _Kinds()
+_ZERO = _Kinds(False)
+_FUSED = _Kinds(True)
