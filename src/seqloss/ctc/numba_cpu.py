@@ -52,20 +52,19 @@ when ``dp > 0``), and once that passes float64's range the fast path's range che
 send the sequence to the extended-range path: the result stays exact, at that path's
 cost (``dp = 0.01`` at ``T_b = 500`` stays on the fast path, ``0.05`` leaves it).
 
-Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links a
-callee's code into every caller and optimizes and emits it again there, and its IR
+Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
+a callee's code into every caller and optimizes and emits it again there, and its IR
 inliner and type inference cost more than linearly in a function's size, so the largest
-functions, ``_ctc_fast_one`` and its backward sweep ``_fast_beta``, ``_fast_alpha`` and
-``_ctc_seq``, are called through the address of their compiled code (``_call_fast_one``,
-``_call_fast_beta``, ``_call_fast_alpha``, ``_call_seq``, the addresses in ``_ZERO``)
-and compiled once each; the fused log-softmax pass (``_fused_rows``, with ``_max`` and
-``_sum``) compiles on the first fused call only, and the extended and log-space paths
-(``_ctc_fallback``) only when an input needs them; small helpers are inlined (each
-separate function is one more module, machine-code emission and cache entry), and
-overloads that would each compile once more (``np.zeros``, ``ndarray.sum``,
-``ndarray.view``) are written out. float32 first call (forward+backward, 2-core machine,
-CPU seconds, same-load pairs): ~22 s before the addresses, 11-12 s with two of them,
-9.5-10.5 s now.
+functions, ``_ctc_fast_one``, ``_fast_alpha`` and ``_ctc_seq``, are called through the
+address of their compiled code (``_call_fast_one``, ``_call_fast_alpha``, ``_call_seq``,
+the addresses in ``_ZERO``) and compiled once each; the fused log-softmax pass
+(``_fused_rows``, with ``_max`` and ``_sum``) compiles on the first fused call only, and
+the extended and log-space paths (``_ctc_fallback``) only when an input needs them;
+small helpers are inlined (each separate function is one more module, machine-code
+emission and cache entry), and overloads that would each compile once more
+(``np.zeros``, ``ndarray.sum``, ``ndarray.view``) are written out. float32 first call
+(forward+backward, 2-core machine, CPU seconds, same-load pairs): ~22 s before the
+addresses, 11-12 s with two of them, 9.5-10.5 s now.
 
 Why not log space throughout: the installed llvmlite has no vector math
 library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
@@ -696,21 +695,62 @@ def _zeros2(n, m):
 
 
 @njit(cache=True, error_model="numpy")
-def _fast_beta(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, grad, lses, E, AE, AO, KA, CE, CO,
-               CK, sk, lp, bsh):
-    """``_ctc_fast_one``'s backward sweep, after its forward one (the ring buffers as that
-    left them): beta', the occupations, and the gradient rows ``t < T_b``. Returns
-    ``FAST``, or ``FALLBACK`` (a quantity left float64's range). A function of its own,
-    called through its address (``_call_fast_beta``): one large function costs Numba's
-    type inference and lowering more than two halves."""
+def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss,
+                  seg):
+    """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
+
+    ``addrs``: the kind's addresses (see ``_ctc_chunk``).
+
+    Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
+    or ``FALLBACK`` (a quantity left float64's range: nothing usable written).
+    """
     nl = lab.shape[0]
     Lb = nl - 1
     K = 2 * Lb + 1
     no = max(Lb, 1)
+    bsh = BSH if Tb <= LONG_T else BSH_LONG
     bw = 1 << bsh
     nb = (nl + bw - 1) >> bsh
-    S = E.shape[0]
+    S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
     nseg = (Tb + S - 1) // S
+    nck = nseg - 1 if compute_grad else 0
+    alpha = addrs[1]
+    lses = np.empty(Tb if fused else 0)
+    lp = np.empty(nl)
+    if fused:
+        _call_fused_rows(addrs[2], x, tb_layout, b, C, Tb, compute_grad, grad, lses, np.empty(C))
+    sk = _zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
+    for i in range(1, Lb):
+        sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
+
+    # ---- emissions E (scaled by the frame's best label M_t) and alpha: band
+    # [lo, hi] of states only; block j (labels j bw .. j bw + bw - 1, even and odd states)
+    # of frame t is AE/AO * 2**KA[t, j]. Ring rows t % S; checkpoints CE, CO, CK.
+    E = np.empty((S, nl))
+    AE = _zeros2(S, nl)  # even states 2i (blank)
+    AO = _zeros2(S, no)  # odd states 2i+1 (label i+1)
+    KA = np.empty((S, nb), np.int64)
+    KA[:] = KZ
+    CE = np.empty((nck, nl))
+    CO = np.empty((nck, no))
+    CK = np.empty((nck, nb), np.int64)
+    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(),
+                                    Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
+    if not ok:
+        return FALLBACK
+    rf = (Tb - 1) % S
+    v1 = AE[rf, Lb]
+    k1 = KA[rf, Lb >> bsh] if v1 > 0.0 else KZ
+    v2 = AO[rf, Lb - 1] if Lb >= 1 else 0.0
+    k2 = KA[rf, (Lb - 1) >> bsh] if v2 > 0.0 else KZ
+    kk = max(k1, k2)
+    if kk == KZ:
+        return FALLBACK
+    pf = v1 * _p2(k1 - kk) + v2 * _p2(k2 - kk)
+    out_loss[b] = -(logscale + math.log(pf) + kk * _LN2)
+    if not compute_grad:
+        return FAST
+
     # ---- beta' (excluding the frame's own emission), block exponents KB; occupation
     be = _zeros(nl)
     bo = _zeros(no)
@@ -839,66 +879,6 @@ def _fast_beta(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, grad, lses, E, AE,
             bo, bo2 = bo2, bo
             KB, KB2 = KB2, KB
     return FAST
-
-
-@njit(cache=True, error_model="numpy")
-def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, grad, out_loss,
-                  seg):
-    """Scaled probability-domain CTC of one sequence (``T_b >= 1``, feasible lengths).
-
-    ``addrs``: the kind's addresses (see ``_ctc_chunk``).
-
-    Returns ``FAST`` (``out_loss[b]`` and the rows ``t < T_b`` of ``grad`` written)
-    or ``FALLBACK`` (a quantity left float64's range: nothing usable written).
-    """
-    nl = lab.shape[0]
-    Lb = nl - 1
-    no = max(Lb, 1)
-    bsh = BSH if Tb <= LONG_T else BSH_LONG
-    bw = 1 << bsh
-    nb = (nl + bw - 1) >> bsh
-    S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
-    nseg = (Tb + S - 1) // S
-    nck = nseg - 1 if compute_grad else 0
-    alpha = addrs[1]
-    lses = np.empty(Tb if fused else 0)
-    lp = np.empty(nl)
-    if fused:
-        _call_fused_rows(addrs[2], x, tb_layout, b, C, Tb, compute_grad, grad, lses, np.empty(C))
-    sk = _zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
-    for i in range(1, Lb):
-        sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
-
-    # ---- emissions E (scaled by the frame's best label M_t) and alpha: band
-    # [lo, hi] of states only; block j (labels j bw .. j bw + bw - 1, even and odd states)
-    # of frame t is AE/AO * 2**KA[t, j]. Ring rows t % S; checkpoints CE, CO, CK.
-    E = np.empty((S, nl))
-    AE = _zeros2(S, nl)  # even states 2i (blank)
-    AO = _zeros2(S, no)  # odd states 2i+1 (label i+1)
-    KA = np.empty((S, nb), np.int64)
-    KA[:] = KZ
-    CE = np.empty((nck, nl))
-    CO = np.empty((nck, no))
-    CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(),
-                                    Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
-    if not ok:
-        return FALLBACK
-    rf = (Tb - 1) % S
-    v1 = AE[rf, Lb]
-    k1 = KA[rf, Lb >> bsh] if v1 > 0.0 else KZ
-    v2 = AO[rf, Lb - 1] if Lb >= 1 else 0.0
-    k2 = KA[rf, (Lb - 1) >> bsh] if v2 > 0.0 else KZ
-    kk = max(k1, k2)
-    if kk == KZ:
-        return FALLBACK
-    pf = v1 * _p2(k1 - kk) + v2 * _p2(k2 - kk)
-    out_loss[b] = -(logscale + math.log(pf) + kk * _LN2)
-    if not compute_grad:
-        return FAST
-
-    return _call_fast_beta(addrs[4], alpha, x, tb_layout, b, C, lab, Tb, fused, dp, grad, lses, E,
-                           AE, AO, KA, CE, CO, CK, sk, lp, bsh)
 
 
 # --------------------------------------------------------------------------- extended range
@@ -1382,26 +1362,6 @@ def _call_fast_alpha(typingctx, addr, x, tb_layout, b, C, lab, Tb, fused, dp, fi
     return _ALPHA_RES(addr, *argtys), _call_codegen(_ALPHA_RES, argtys)
 
 
-def _fast_beta_sig(dt):
-    """``_fast_beta``'s argument types as ``_ctc_fast_one`` calls it."""
-    x = types.Array(dt, 3, "C")
-    i64, flag, f64 = types.int64, types.boolean, types.float64
-    f1, f2, k2 = types.Array(f64, 1, "C"), types.Array(f64, 2, "C"), types.Array(i64, 2, "C")
-    return (i64, x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, f64, x, f1, f2, f2, f2,
-            k2, f2, f2, k2, f1, f1, i64)
-
-
-@intrinsic
-def _call_fast_beta(typingctx, addr, alpha, x, tb_layout, b, C, lab, Tb, fused, dp, grad, lses, E,
-                    AE, AO, KA, CE, CO, CK, sk, lp, bsh):
-    """``_fast_beta(alpha, ...)`` through its address (as ``_call_fast_one``)."""
-    argtys = (alpha, x, tb_layout, b, C, lab, Tb, fused, dp, grad, lses, E, AE, AO, KA, CE, CO, CK,
-              sk, lp, bsh)
-    if argtys != _fast_beta_sig(x.dtype):
-        raise TypeError(f"_call_fast_beta: {argtys} != {_fast_beta_sig(x.dtype)}")
-    return types.int64(addr, *argtys), _call_codegen(types.int64, argtys)
-
-
 def _seq_sig(dt):
     """``_ctc_seq``'s argument types as ``_ctc_chunk`` and ``_ctc_fallback`` call it."""
     x = types.Array(dt, 3, "C")
@@ -1447,12 +1407,11 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     of the pool (see ``_run_batch``).
 
     ``kind``: ``_ZERO[dtype]`` (``_FUSED[dtype]`` when ``fused``), the addresses of
-    ``_ctc_fast_one``, ``_fast_alpha``, ``_fused_rows`` (or 0), ``_ctc_seq`` and
-    ``_fast_beta`` compiled for the inputs' dtype, in an array of that dtype. The arrays
-    arrive as addresses of C-contiguous memory (torch tensors' ``data_ptr()``) with their
-    shapes: ``x`` and ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind``'s
-    dtype (float32 or float64), ``targets (R, S)``, ``il``, ``tl`` and the offsets ``toff``
-    ``(B,)`` int64,
+    ``_ctc_fast_one``, ``_fast_alpha``, ``_fused_rows`` (or 0) and ``_ctc_seq`` compiled for the
+    inputs' dtype, in an array of that dtype. The arrays arrive as addresses of
+    C-contiguous memory (torch tensors' ``data_ptr()``) with their shapes: ``x`` and
+    ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind``'s dtype (float32
+    or float64), ``targets (R, S)``, ``il``, ``tl`` and the offsets ``toff`` ``(B,)`` int64,
     ``loss (B,)``, ``status (B,)`` int64, ``out (1,)``.
     Address 0 (``toff``, ``loss``, ``status``, ``out``): not wanted, scratch memory is
     used. A numpy array per argument cost ``Tensor.numpy()`` (~0.5 us) or an allocation
@@ -1472,7 +1431,7 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     """
     zero = kind[0]
     i0 = np.int64(0)
-    addrs = carray(_ptr(kind.ctypes.data, i0), (5,))  # (kind.view: one more overload)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1517,7 +1476,7 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     entry point, so that it is compiled only when an input leaves the fast path."""
     zero = kind[0]
     i0 = np.int64(0)
-    addrs = carray(_ptr(kind.ctypes.data, i0), (5,))  # (kind.view: one more overload)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1769,8 +1728,8 @@ def _fast_one_sig(dt):
 class _Kinds(dict):
     """torch dtype -> the entry points' first argument (see ``_ctc_chunk``): the addresses
     of the dtype's ``_ctc_fast_one``, ``_fast_alpha``, for ``fused`` kinds ``_fused_rows``
-    (else 0), ``_ctc_seq`` and ``_fast_beta`` -- compiled, or loaded from the cache, on the
-    first call that needs them -- in an array of that dtype. An array, not a tuple: the dispatcher
+    (else 0), and ``_ctc_seq`` -- compiled, or loaded from the cache, on the first call
+    that needs them -- in an array of that dtype. An array, not a tuple: the dispatcher
     types an array in C, a tuple in Python (~30 us a call)."""
 
     def __init__(self, fused: bool) -> None:
@@ -1784,8 +1743,7 @@ class _Kinds(dict):
                          _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES),
                          _address(_fused_rows, _fused_rows_sig(dt), types.none) if self.fused
                          else 0,
-                         _address(_ctc_seq, _seq_sig(dt), types.none),
-                         _address(_fast_beta, _fast_beta_sig(dt), types.int64)], np.int64)
+                         _address(_ctc_seq, _seq_sig(dt), types.none)], np.int64)
         kind = self[dtype] = addr.view(np.float32 if f32 else np.float64)
         return kind
 
