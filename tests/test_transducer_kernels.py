@@ -1,0 +1,559 @@
+"""Transducer kernel specifics, at each backend's kernel interface.
+
+Triton (on CPU under ``TRITON_INTERPRET=1``, set by conftest before the kernels are
+imported; compiled on a CUDA machine): the general lattice, RNN-T's joint and the joint on
+tables beyond RNN-T (multi-blank, TDT, mixed), dtypes, layouts, NaN, against the float64
+reference kernels (``seqloss.transducer.joint.reference.joint_loss_forward``, whose lattice
+is checked against brute force in test_lattice.py).
+
+Numba: the joint's many-arc path (multi-blank, TDT) on lattices too long to enumerate.
+There the oracle is a float64 forward recursion written here with ``torch.logsumexp`` over
+each state's incoming arcs (NeMo's conventions, as in test_tdt.py / test_multiblank.py),
+differentiated by autograd: no code shared with the kernels. The lattices are long and
+the logits spread, so that occupations span hundreds of orders of magnitude: the path
+skips states whose gradient row rounds to zero, stores values at or below half the
+least float32 subnormal as 0 and runs beta on a ring of frames (durations up to 8).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import pytest
+import torch
+from conftest import device_for
+
+import seqloss
+from seqloss.testing import assert_close_budget
+from seqloss.transducer.joint import reference as joint_ref
+from seqloss.transducer.joint.table import Arc, JointTable, rnnt_table
+from seqloss.transducer.lattice import reference as lattice_ref
+
+_TRITON = importlib.util.find_spec("triton") is not None
+LAT = importlib.import_module("seqloss.transducer.lattice.triton_cuda") if _TRITON else None
+JOINT = importlib.import_module("seqloss.transducer.joint.triton_cuda") if _TRITON else None
+triton_only = pytest.mark.skipif(not _TRITON, reason="triton is not installed")
+numba_only = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
+                                reason="numba is not installed")
+DEVICE = device_for("triton")
+NAN = float("nan")
+INF = float("inf")
+
+
+# ------------------------------------------------------------------ Triton: lattice, RNN-T joint
+def _arcs(B, T, U1, Db, De, seed):
+    g = torch.Generator().manual_seed(seed)
+    ab = torch.randn(B, T, U1, Db, generator=g, dtype=torch.float64) - 1.0
+    ae = torch.randn(B, T, U1, De, generator=g, dtype=torch.float64) - 1.0
+    return ab, ae
+
+
+def _poison_unread(ab, ae, il, tl):
+    """NaN in every arc entry the lattice must not read (frames t >= T_b, rows u > U_b)."""
+    ab, ae = ab.clone(), ae.clone()
+    for b in range(ab.shape[0]):
+        for x in (ab, ae):
+            x[b, il[b]:] = NAN
+            x[b, :, tl[b] + 1:] = NAN
+        ae[b, :, tl[b]] = NAN  # no emission from the last row
+    return ab, ae
+
+
+LATTICES = [
+    # (blank_durations, emit_durations)
+    ((1,), (0,)),  # RNN-T
+    ((1, 2, 4), (0, 1, 2)),  # multi-duration both ways
+    ((1, 2), (0, 1, 2)),  # TDT with durations (0, 1, 2)
+    ((2, 3), (1,)),  # no unit blank, no zero-duration emission
+]
+
+
+@triton_only
+@pytest.mark.parametrize("durs", LATTICES,
+                         ids=[f"b{d[0]}e{d[1]}".replace(" ", "") for d in LATTICES])
+def test_triton_lattice_matches_reference(durs):
+    bd, ed = durs
+    B, T, U1 = 5, 9, 5
+    ab, ae = _arcs(B, T, U1, len(bd), len(ed), seed=len(bd) * 10 + len(ed))
+    il = torch.tensor([9, 4, 7, 1, 0])
+    tl = torch.tensor([4, 2, 0, 3, 1])
+    want = lattice_ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
+    ab_p, ae_p = _poison_unread(ab, ae, il, tl)
+    got = LAT.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, True)
+    names = ("log_likelihood", "occ_blank", "occ_emit")
+    for name, a, e in zip(names, got, want, strict=True):
+        assert a.dtype == torch.float64 and a.shape == e.shape
+        assert_close_budget(a, e, rtol=1e-10, atol=1e-10, what=name)
+    assert got[0][4].item() == -INF  # no frame, no path
+    assert torch.count_nonzero(got[1][4]) == 0 and torch.count_nonzero(got[2][4]) == 0
+    # Every unread entry has exactly zero occupation.
+    for b in range(B):
+        for occ in got[1:]:
+            assert torch.count_nonzero(occ[b, il[b]:]) == 0
+            assert torch.count_nonzero(occ[b, :, tl[b] + 1:]) == 0
+    # Without occupations: the same log-likelihood, bit for bit.
+    ll, e1, e2 = LAT.transducer_lattice(ab_p.to(DEVICE), ae_p.to(DEVICE), il, tl, bd, ed, False)
+    assert torch.equal(ll, got[0]) and e1.numel() == 0 and e2.numel() == 0
+
+
+@triton_only
+def test_triton_lattice_infeasible_and_float32():
+    """-inf arcs make sequences infeasible (zero occupations); float32 matches float64."""
+    bd, ed = (1, 2), (0, 1)
+    B, T, U1 = 3, 6, 4
+    ab, ae = _arcs(B, T, U1, 2, 2, seed=3)
+    ab[1] = -INF  # no blank arc: never reaches the last frame
+    il = torch.tensor([6, 6, 3])
+    tl = torch.tensor([3, 2, 3])
+    ll, ob, oe = LAT.transducer_lattice(ab.float().to(DEVICE), ae.float().to(DEVICE), il, tl, bd,
+                                        ed, True)
+    want = lattice_ref.transducer_lattice(ab.float(), ae.float(), il, tl, bd, ed, True)
+    assert ll.dtype == torch.float32
+    assert (ll[1].item() == -INF and torch.count_nonzero(ob[1]) == 0
+            and torch.count_nonzero(oe[1]) == 0)
+    assert_close_budget(ll, want[0], rtol=1e-6, what="ll")
+    assert_close_budget(ob, want[1], rtol=0, atol=1e-6, what="occ_blank")
+    assert_close_budget(oe, want[2], rtol=0, atol=1e-6, what="occ_emit")
+
+
+@triton_only
+def test_triton_lattice_noncontiguous_arcs():
+    bd, ed = (1, 2), (0, 1)
+    ab, ae = _arcs(2, 5, 4, 2, 2, seed=4)
+    il, tl = torch.tensor([5, 3]), torch.tensor([3, 1])
+    want = lattice_ref.transducer_lattice(ab, ae, il, tl, bd, ed, True)
+    # Arcs laid out as (B, D, U+1, T) in memory, viewed as (B, T, U+1, D).
+    abt = ab.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
+    aet = ae.permute(0, 3, 2, 1).contiguous().permute(0, 3, 2, 1)
+    got = LAT.transducer_lattice(abt.to(DEVICE), aet.to(DEVICE), il, tl, bd, ed, True)
+    for a, e in zip(got, want, strict=True):
+        assert_close_budget(a, e, rtol=1e-12, atol=1e-15, what="lattice")
+
+
+# ------------------------------------------------------------------ RNN-T forward
+def _rnnt_inputs(B, T, U, V, seed, *, pad_t=1, pad_u=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T + pad_t, U + 1 + pad_u, V, generator=g, dtype=torch.float64) * 2
+    tg = torch.randint(1, V, (B, U), generator=g)
+    il = torch.randint(1, T + 1, (B,), generator=g)
+    tl = torch.randint(0, U + 1, (B,), generator=g)
+    il[0], tl[0] = T, U
+    return x.to(dtype), tg, il, tl
+
+
+def _pack(x, il, tl):
+    return torch.cat([x[b, : il[b], : tl[b] + 1].reshape(-1, x.shape[-1]) for b in range(len(il))])
+
+
+def _rnnt_fwd(mod, x, tg, il, tl, *, fused=True, clamp=-1.0, lam=0.0, scale=1.0, buf=None, blank=0):
+    table = rnnt_table(x.shape[-1], blank, clamp, lam)
+    return mod.joint_loss_forward(x, tg, il, tl, table, fused, True, buf, scale)
+
+
+@triton_only
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_triton_half_inputs(dtype, fused):
+    """Half logits: float32 loss; the gradient is the float32 computation rounded once."""
+    x, tg, il, tl = _rnnt_inputs(3, 7, 4, 9, seed=5)
+    if not fused:
+        x = x.log_softmax(-1)
+    xh = x.to(dtype).to(DEVICE)
+    loss, g = _rnnt_fwd(JOINT, xh, tg, il, tl, fused=fused, clamp=0.3, lam=0.1, scale=0.5)
+    loss32, g32 = _rnnt_fwd(JOINT, xh.float(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1,
+                            scale=0.5)
+    assert loss.dtype == torch.float32 and g.dtype == dtype
+    assert torch.equal(loss, loss32)
+    assert torch.equal(g, g32.to(dtype))
+    want, _ = _rnnt_fwd(joint_ref, xh.double().cpu(), tg, il, tl, fused=fused, clamp=0.3, lam=0.1,
+                   scale=0.5)
+    assert_close_budget(loss, want, rtol=1e-5, what="loss")
+
+
+@triton_only
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_triton_noncontiguous_logits(packed):
+    x, tg, il, tl = _rnnt_inputs(3, 6, 3, 7, seed=6)
+    if packed:
+        x = _pack(x, il, tl)
+        wide = torch.randn(x.shape[0], 2 * x.shape[1], dtype=x.dtype)
+        wide[:, ::2] = x
+        xs = wide[:, ::2]  # class stride 2
+    else:
+        xs = x.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # (t, u) strides swapped
+    assert not xs.is_contiguous()
+    kw = dict(clamp=0.2, lam=0.3, scale=0.25, blank=2)
+    want_l, want_g = _rnnt_fwd(joint_ref, x, tg, il, tl, **kw)
+    loss, g = _rnnt_fwd(JOINT, xs.to(DEVICE), tg, il, tl, **kw)
+    assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-12, atol=1e-15, what="grad")
+    # The in-place mode writes through the same strides.
+    buf = xs.clone() if packed else xs.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    buf = buf.to(DEVICE)
+    loss2, g2 = _rnnt_fwd(JOINT, buf, tg, il, tl, buf=buf, **kw)
+    assert g2.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss2, loss) and torch.equal(g2, g)
+
+
+@triton_only
+@pytest.mark.parametrize("fused", [False, True], ids=["logprobs", "fused"])
+def test_triton_nan_sequence_leaves_others_alone(fused):
+    x, tg, il, tl = _rnnt_inputs(4, 6, 3, 6, seed=7, dtype=torch.float32)
+    il[:], tl[:] = torch.tensor([6, 5, 3, 4]), torch.tensor([3, 1, 2, 0])
+    if not fused:
+        x = x.log_softmax(-1)
+    clean_l, clean_g = _rnnt_fwd(JOINT, x.to(DEVICE), tg, il, tl, fused=fused)
+    x[2, 1, 2, 4] = NAN
+    x[0, 5, 3, 1] = INF  # the last row sequence 0 reads
+    x[3, 4:, :, :] = NAN  # sequence 3's padding frames: never read
+    loss, g = _rnnt_fwd(JOINT, x.to(DEVICE), tg, il, tl, fused=fused)
+    assert torch.isnan(loss[[0, 2]]).all()
+    assert torch.equal(loss[[1, 3]], clean_l[[1, 3]]) and torch.equal(g[[1, 3]], clean_g[[1, 3]])
+    for b in (0, 2):
+        assert torch.isnan(g[b, : il[b], : tl[b] + 1]).all()
+        assert (torch.count_nonzero(g[b, il[b]:]) == 0
+                and torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0)
+
+
+@triton_only
+def test_triton_extreme_scale_and_neg_inf_rows():
+    """Logits over thousands of nats stay finite; a row of -inf logits has no arc out of it."""
+    x, tg, il, tl = _rnnt_inputs(2, 5, 3, 6, seed=8)
+    x = x * 1000
+    x[1, 0, 0, :] = -INF  # sequence 1 cannot leave (0, 0): infeasible, zero gradient
+    want_l, want_g = _rnnt_fwd(joint_ref, x, tg, il, tl, clamp=0.5)
+    loss, g = _rnnt_fwd(JOINT, x.to(DEVICE), tg, il, tl, clamp=0.5)
+    assert loss[1].item() == INF and torch.count_nonzero(g[1]) == 0
+    assert torch.isfinite(loss[0]) and torch.isfinite(g).all()
+    assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-12, atol=1e-15, what="grad")
+
+
+# ------------------------------------------------------------------ Triton: joint tables
+V = 7
+BLANK = V - 1
+DURS = (0, 1, 2, 3)  # TDT's durations
+
+
+def _table(kind: str, **kw) -> JointTable:
+    if kind == "multiblank":  # RNN-T plus a big blank of duration 2 at blank - 1
+        return JointTable((Arc(1, token=BLANK), Arc(2, token=BLANK - 1)), (Arc(0),), V, **kw)
+    if kind == "tdt":  # token logits, then one duration logit per entry of DURS
+        blanks = tuple(Arc(d, token=BLANK, duration_logit=k) for k, d in enumerate(DURS) if d > 0)
+        emits = tuple(Arc(d, duration_logit=k) for k, d in enumerate(DURS))
+        return JointTable(blanks, emits, V, len(DURS), **kw)
+    if kind == "mixed":  # arcs with and without a duration term, two blank classes
+        blanks = (Arc(1, token=BLANK), Arc(2, token=BLANK, duration_logit=1), Arc(3, token=2))
+        emits = (Arc(0, duration_logit=0), Arc(1), Arc(2, duration_logit=1))
+        return JointTable(blanks, emits, V, 2, **kw)
+    raise AssertionError(kind)
+
+
+def _inputs(table, B=4, T=6, U=3, *, seed=0, fused=True, pad_t=1, pad_u=1, scale=2.0, lengths=None):
+    """Padded logits with NaN in the padding (never read), targets avoiding the blank classes."""
+    g = torch.Generator().manual_seed(seed)
+    V, D = table.num_tokens, table.num_durations
+    x = torch.randn(B, T + pad_t, U + 1 + pad_u, V + D, generator=g, dtype=torch.float64) * scale
+    if not fused:  # log-probabilities, per block
+        x = torch.cat([x[..., :V].log_softmax(-1), x[..., V:].log_softmax(-1)], -1)
+    tg = torch.randint(0, BLANK - 1, (B, U), generator=g)
+    il = torch.randint(1, T + 1, (B,), generator=g)
+    tl = torch.randint(0, U + 1, (B,), generator=g)
+    il[0], tl[0] = T, U
+    il[-1], tl[-1] = 1, 0  # a single frame, no label
+    if lengths is not None:
+        il, tl = torch.tensor(lengths[0]), torch.tensor(lengths[1])
+    for b in range(B):
+        x[b, il[b]:] = NAN
+        x[b, :, tl[b] + 1:] = NAN
+    return x, tg, il, tl
+
+
+def _fwd(mod, x, tg, il, tl, table, fused=True, *, compute_grad=True, buf=None, scale=1.0):
+    return mod.joint_loss_forward(x, tg, il, tl, table, fused, compute_grad, buf, scale)
+
+
+CASES = [
+    pytest.param("multiblank", dict(sigma=0.05, fastemit_lambda=0.2),
+                 id="multiblank-sigma-fastemit"),
+    pytest.param("multiblank", dict(clamp=0.3, emit_can_end=True), id="multiblank-clamp-canend"),
+    pytest.param("tdt", dict(sigma=0.05, clamp=0.4), id="tdt-sigma-clamp"),
+    pytest.param("tdt", dict(fastemit_lambda=0.1, emit_can_end=True), id="tdt-fastemit-canend"),
+    pytest.param("mixed", dict(sigma=0.1, fastemit_lambda=0.3, clamp=0.25, emit_can_end=True),
+                 id="mixed-all"),
+]
+
+
+@triton_only
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprobs"])
+@pytest.mark.parametrize(("kind", "opts"), CASES)
+def test_triton_float64_matches_reference(kind, opts, fused, packed):
+    table = _table(kind, **opts)
+    x, tg, il, tl = _inputs(table, seed=len(kind) + 3 * fused + packed, fused=fused)
+    if packed:
+        x = _pack(x, il, tl)
+    want_l, want_g = _fwd(joint_ref, x, tg, il, tl, table, fused, scale=0.5)
+    loss, g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, table, fused, scale=0.5)
+    assert loss.dtype == torch.float64 and g.dtype == torch.float64 and g.shape == x.shape
+    assert torch.isfinite(want_l).all()
+    assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-11, atol=1e-14, what="grad")
+    if not packed:  # padding: exactly zero
+        for b in range(len(il)):
+            assert torch.count_nonzero(g[b, il[b]:]) == 0
+            assert torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+    # Without the gradient: the same loss, bit for bit.
+    loss2, e = _fwd(JOINT, x.to(DEVICE), tg, il, tl, table, fused, compute_grad=False)
+    assert torch.equal(loss2, loss) and e.numel() == 0
+
+
+@triton_only
+@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
+def test_triton_float32_against_float64(kind):
+    table = _table(kind, sigma=0.05, fastemit_lambda=0.1, clamp=0.5)
+    x, tg, il, tl = _inputs(table, seed=11)
+    x32 = x.float()
+    want_l, want_g = _fwd(joint_ref, x32.double(), tg, il, tl, table)  # on the rounded inputs
+    loss, g = _fwd(JOINT, x32.to(DEVICE), tg, il, tl, table)
+    assert loss.dtype == torch.float32 and g.dtype == torch.float32
+    assert_close_budget(loss, want_l, rtol=1e-6, atol=1e-6, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-5, atol=1e-6, what="grad")
+
+
+@triton_only
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprobs"])
+@pytest.mark.parametrize("kind", ["multiblank", "tdt"])
+def test_triton_bf16_is_float32_rounded_once(kind, fused):
+    table = _table(kind, sigma=0.02, clamp=0.3, fastemit_lambda=0.1)
+    x, tg, il, tl = _inputs(table, B=3, T=5, U=2, seed=5, fused=fused, pad_t=0, pad_u=0)
+    xh = x.to(torch.bfloat16).to(DEVICE)
+    loss, g = _fwd(JOINT, xh, tg, il, tl, table, fused, scale=0.5)
+    loss32, g32 = _fwd(JOINT, xh.float(), tg, il, tl, table, fused, scale=0.5)
+    assert loss.dtype == torch.float32 and g.dtype == torch.bfloat16
+    assert torch.equal(loss, loss32)
+    assert torch.equal(g, g32.to(torch.bfloat16))
+    want_l, want_g = _fwd(joint_ref, xh.double().cpu(), tg, il, tl, table, fused, scale=0.5)
+    assert_close_budget(loss, want_l, rtol=1e-5, what="loss")
+    # bfloat16 keeps 8 bits: half an ulp of the largest entry, plus float32's own error.
+    assert_close_budget(g, want_g, rtol=2 ** -8, atol=1e-6, what="grad")
+
+
+@triton_only
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_triton_in_place_and_deterministic(packed):
+    table = _table("mixed", sigma=0.05, clamp=0.3, fastemit_lambda=0.2)
+    x, tg, il, tl = _inputs(table, seed=9, pad_t=0, pad_u=0)
+    x = (_pack(x, il, tl) if packed else x).float().to(DEVICE)
+    loss, g = _fwd(JOINT, x, tg, il, tl, table)
+    loss_b, g_b = _fwd(JOINT, x, tg, il, tl, table)
+    assert torch.equal(loss, loss_b) and torch.equal(g, g_b)  # bitwise repeat
+    buf = x.clone()
+    loss2, g2 = _fwd(JOINT, buf, tg, il, tl, table, buf=buf)
+    assert g2.data_ptr() == buf.data_ptr()
+    assert torch.equal(loss2, loss) and torch.equal(g2, g)
+
+
+@triton_only
+def test_triton_nan_inf_and_neg_inf_rows():
+    """NaN/+inf in either block poisons its sequence only; -inf duration logits remove arcs."""
+    table = _table("tdt", sigma=0.05)
+    x, tg, il, tl = _inputs(table, B=5, seed=13, lengths=([6, 5, 4, 3, 2], [3, 1, 2, 0, 1]))
+    clean_l, clean_g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, table)
+    x = x.clone()
+    x[0, 5, 3, 2] = INF  # a token logit of the last row sequence 0 reads
+    x[2, 1, 0, V + 2] = NAN  # a duration logit
+    x[1, 0, 0, V:] = -INF  # no duration out of (0, 0): sequence 1 has no path
+    x[3, 1, 0, V + 1 :] = -INF  # only duration 0 left at (1, 0): emissions only there
+    loss, g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, table)
+    want_l, want_g = _fwd(joint_ref, x, tg, il, tl, table)
+    assert torch.isnan(loss[[0, 2]]).all() and loss[1].item() == INF
+    assert torch.isfinite(loss[[3, 4]]).all()
+    assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-11, atol=1e-14, what="grad")
+    assert torch.equal(loss[4], clean_l[4]) and torch.equal(g[4], clean_g[4])
+    for b in (0, 2):
+        assert torch.isnan(g[b, : il[b], : tl[b] + 1]).all()
+        assert torch.count_nonzero(g[b, il[b]:]) == 0
+        assert torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+    assert torch.count_nonzero(g[1]) == 0
+
+
+@triton_only
+def test_triton_extreme_scale():
+    """Logits over thousands of nats: finite, and float64-accurate (arcs and lattice in float64)."""
+    table = _table("tdt", clamp=0.5, sigma=0.05)
+    x, tg, il, tl = _inputs(table, B=2, T=5, U=2, seed=8, pad_t=0, pad_u=0, scale=2000.0)
+    want_l, want_g = _fwd(joint_ref, x, tg, il, tl, table)
+    loss, g = _fwd(JOINT, x.to(DEVICE), tg, il, tl, table)
+    assert torch.isfinite(loss).all() and torch.isfinite(g).all()
+    assert_close_budget(loss, want_l, rtol=1e-12, what="loss")
+    assert_close_budget(g, want_g, rtol=1e-11, atol=1e-14, what="grad")
+
+
+@triton_only
+def test_triton_width_must_match_the_table():
+    table = _table("tdt")
+    x, tg, il, tl = _inputs(table, B=1, T=2, U=1, seed=1, pad_t=0, pad_u=0)
+    with pytest.raises(ValueError, match="V \\+ D"):
+        _fwd(JOINT, x[..., :-1].to(DEVICE), tg, il, tl, table)
+
+
+# ------------------------------------------------------------------ Numba: long lattices
+def _batch(B, T, U, W, *, seed, scale=3.0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T + 1, U + 2, W, generator=g, dtype=torch.float64) * scale
+    il = torch.tensor([T, T - 3, T - 7][:B])
+    tl = torch.tensor([U, U - 1, U - 3][:B])
+    for b in range(B):  # padding never read
+        x[b, il[b]:] = float("nan")
+        x[b, :, tl[b] + 1:] = float("nan")
+    return x.to(dtype), il, tl
+
+
+def _dp(blank_arcs, emit_arcs, Tb, Ub, z):
+    """``-log p`` by the forward recursion; arcs: lists of ``(duration, score(t, u))``.
+
+    ``z[t, u]`` (zeros) is added to every arc leaving ``(t, u)``: the gradient with
+    respect to it is the state's occupation (of the arcs leaving it).
+    """
+    alpha = {(0, 0): torch.zeros((), dtype=torch.float64)}
+    for t in range(Tb + 1):
+        for u in range(Ub + 1):
+            if (t, u) == (0, 0):
+                continue
+            terms = []
+            for d, score in blank_arcs:
+                if t - d >= 0 and (t - d, u) in alpha:
+                    terms.append(alpha[(t - d, u)] + score(t - d, u) + z[t - d, u])
+            if u > 0 and t < Tb:  # an emission lands on a frame < T_b
+                for d, score in emit_arcs:
+                    if 0 <= t - d < Tb and (t - d, u - 1) in alpha:
+                        terms.append(alpha[(t - d, u - 1)] + score(t - d, u - 1) + z[t - d, u - 1])
+            if terms:
+                alpha[(t, u)] = torch.logsumexp(torch.stack(terms), 0)
+    return -alpha[(Tb, Ub)]
+
+
+def _oracle_multiblank(x, tg, il, tl, big, sigma):
+    x = x.detach().double().requires_grad_()
+    z = torch.zeros(x.shape[:3], dtype=torch.float64, requires_grad=True)
+    V = x.shape[-1]
+    losses = []
+    for b in range(x.shape[0]):
+        Tb, Ub = int(il[b]), int(tl[b])
+        lp = torch.log_softmax(x[b, :Tb, : Ub + 1], -1) - sigma
+        blanks = [(1, lambda t, u, lp=lp: lp[t, u, V - 1])]
+        blanks += [(d, lambda t, u, lp=lp, c=V - 2 - i: lp[t, u, c]) for i, d in enumerate(big)]
+        emits = [(0, lambda t, u, lp=lp, y=tg[b]: lp[t, u, y[u]])]
+        losses.append(_dp(blanks, emits, Tb, Ub, z[b]))
+    loss = torch.stack(losses)
+    g, occ = torch.autograd.grad(loss.sum(), (x, z))
+    return loss.detach(), g, -occ
+
+
+def _oracle_tdt(x, tg, il, tl, durs, sigma):
+    x = x.detach().double().requires_grad_()
+    z = torch.zeros(x.shape[:3], dtype=torch.float64, requires_grad=True)
+    D = len(durs)
+    V = x.shape[-1] - D
+    losses = []
+    for b in range(x.shape[0]):
+        Tb, Ub = int(il[b]), int(tl[b])
+        lp = torch.log_softmax(x[b, :Tb, : Ub + 1, :V], -1) - sigma
+        ld = torch.log_softmax(x[b, :Tb, : Ub + 1, V:], -1)
+        blanks = [(d, lambda t, u, lp=lp, ld=ld, k=k: lp[t, u, V - 1] + ld[t, u, k])
+                  for k, d in enumerate(durs) if d > 0]
+        emits = [(d, lambda t, u, lp=lp, ld=ld, k=k, y=tg[b]: lp[t, u, y[u]] + ld[t, u, k])
+                 for k, d in enumerate(durs)]
+        losses.append(_dp(blanks, emits, Tb, Ub, z[b]))
+    loss = torch.stack(losses)
+    g, occ = torch.autograd.grad(loss.sum(), (x, z))
+    return loss.detach(), g, -occ
+
+
+def _targets(B, U, n_classes, seed):
+    g = torch.Generator().manual_seed(seed + 100)
+    return torch.randint(0, n_classes, (B, U), generator=g)
+
+
+def _check(loss, g, want, want_g, occ, il, tl, dtype):
+    valid = torch.zeros_like(want_g, dtype=torch.bool)
+    for b in range(want_g.shape[0]):
+        valid[b, : il[b], : tl[b] + 1] = True
+    assert torch.isfinite(g).all()
+    assert (g[~valid] == 0).all()
+    assert g.dtype == dtype
+    # Each row (state) against its own scale, the state's occupation: an entry is
+    # softmax * occupation minus an arc's occupation, which may cancel.
+    row = occ[..., None].expand_as(want_g)
+    err = (g.double() - want_g).abs()
+    if dtype == torch.float64:
+        assert_close_budget(loss, want, rtol=1e-11, what="loss")
+        assert bool((err <= 1e-9 * want_g.abs() + 1e-12 * row).all()), float(
+            (err / row).nan_to_num().max())
+        return
+    assert_close_budget(loss.double(), want, rtol=1e-5, what="loss")
+    # The wide dynamic range the test is for: rows far below float32's range come out
+    # as exactly 0, and rows of small but representable states keep their accuracy.
+    tiny_rows = valid & (row < 2.0**-151)
+    assert bool(tiny_rows.any())
+    assert (g[tiny_rows] == 0).all()
+    ok = valid & (row > 1e-30)
+    assert bool((valid & (row > 1e-30) & (row < 1e-10)).any())
+    assert bool((err[ok] <= 1e-3 * want_g.abs()[ok] + 1e-5 * row[ok]).all()), \
+        float((err[ok] / row[ok]).max())
+
+
+@numba_only
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("kw", [{}, {"sigma": 0.05}], ids=["plain", "sigma"])
+def test_multiblank_long(dtype, kw):
+    big = [2, 4, 8]
+    x, il, tl = _batch(3, 40, 14, 12, seed=1, scale=10.0, dtype=dtype)
+    tg = _targets(3, 14, 12 - 1 - len(big), 1)
+    xr = x.clone().requires_grad_()
+    loss = seqloss.multiblank_rnnt_loss(xr, tg, il, tl, big, blank=-1, reduction="none",
+                                        backend="numba", **kw)
+    (g,) = torch.autograd.grad(loss.sum(), xr)
+    want, want_g, occ = _oracle_multiblank(x, tg, il, tl, big, kw.get("sigma", 0.0))
+    _check(loss.double(), g, want, want_g, occ, il, tl, dtype)
+
+
+@numba_only
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("pair", [False, True], ids=["joint", "pair"])
+def test_tdt_long(dtype, pair):
+    durs = [0, 1, 2, 3, 4]
+    D = len(durs)
+    x, il, tl = _batch(3, 40, 6, 9 + D, seed=2, scale=5.0, dtype=dtype)
+    tg = _targets(3, 6, 9 - 1, 2)
+    if pair:
+        a = x[..., :-D].contiguous().requires_grad_()
+        b = x[..., -D:].contiguous().requires_grad_()
+        loss = seqloss.tdt_loss((a, b), tg, il, tl, durs, blank=-1, sigma=0.02,
+                                reduction="none", backend="numba")
+        g = torch.cat(torch.autograd.grad(loss.sum(), (a, b)), -1)
+    else:
+        xr = x.clone().requires_grad_()
+        loss = seqloss.tdt_loss(xr, tg, il, tl, durs, blank=-1, sigma=0.02, reduction="none",
+                                backend="numba")
+        (g,) = torch.autograd.grad(loss.sum(), xr)
+    want, want_g, occ = _oracle_tdt(x, tg, il, tl, durs, 0.02)
+    _check(loss.double(), g, want, want_g, occ, il, tl, dtype)
+
+
+@numba_only
+def test_tdt_long_clamp_and_mean():
+    durs = [0, 1, 2, 3, 4]
+    x, il, tl = _batch(3, 30, 5, 8 + 5, seed=3)
+    tg = _targets(3, 5, 7, 3)
+    xr = x.clone().requires_grad_()
+    loss = seqloss.tdt_loss(xr, tg, il, tl, durs, blank=-1, clamp=0.05, reduction="mean_batch",
+                            backend="numba")
+    (g,) = torch.autograd.grad(loss, xr)
+    want, want_g, _ = _oracle_tdt(x, tg, il, tl, durs, 0.0)
+    assert_close_budget(loss, want.mean(), rtol=1e-11, what="loss")
+    want_g = torch.nan_to_num(want_g.clamp(-0.05, 0.05)) / 3
+    assert_close_budget(g, want_g, rtol=1e-9, atol=1e-300, what="grad")
