@@ -246,6 +246,10 @@ def pool(request, monkeypatch):
 def test_reduction_matches_its_formula(loss, backend, reduction, zero_infinity, pool):
     """Value and gradient of ``reduction`` = the formula on the ``"none"`` losses."""
     _skip(loss, backend, zero_infinity)
+    if backend == "triton" and reduction == "mean_volume":
+        # Host-side lengths: one factor the kernel applies (reduce.grad_scale), mean_batch's
+        # path; its value is backend-independent (the other backends check it).
+        pytest.skip("the interpreter is slow: mean_batch's path")
     B = len(U_ALL)
     lengths = T_INFEASIBLE if zero_infinity else T_FEASIBLE
     make, call = build(loss, backend, B, lengths)
