@@ -184,7 +184,9 @@ def test_float64_loss_dtype_and_noncontiguous(ctc_backend):
 
 def test_determinism(ctc_backend):
     device = device_for(ctc_backend)
-    logits, tg, il, tl = _batch(30, 4, 8, 6, seed=7, device=device)
+    # The interpreter runs a grid's programs one after another: a small size is enough.
+    interpreted = ctc_backend == "triton" and device.type == "cpu"
+    logits, tg, il, tl = _batch(12 if interpreted else 30, 4, 8, 6, seed=7, device=device)
     outs = []
     for _ in range(2):
         x = logits.clone().requires_grad_()

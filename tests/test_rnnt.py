@@ -325,7 +325,10 @@ def test_noncontiguous(rnnt_backend):
 
 def test_determinism(rnnt_backend):
     device = device_for(rnnt_backend)
-    x, tg, il, tl = _batch(4, 30, 10, 16, seed=11, device=device)
+    # The interpreter runs a grid's programs one after another: a small size is enough.
+    interpreted = rnnt_backend == "triton" and device.type == "cpu"
+    x, tg, il, tl = _batch(4, *((10, 4) if interpreted else (30, 10)), 16, seed=11,
+                           device=device)
     a = _loss_grad(x, tg, il, tl, rnnt_backend, clamp=0.3)
     b = _loss_grad(x, tg, il, tl, rnnt_backend, clamp=0.3)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
