@@ -172,7 +172,10 @@ def test_half_equals_float32_on_rounded(rnnt_backend, dtype):
 
 
 def test_determinism(rnnt_backend):
-    x, tg, il, tl = _batch(B=4, T=9, U=4, V=9, seed=9, dtype=torch.float32)
+    # The interpreter runs a grid's programs one after another: a small size is enough.
+    interpreted = rnnt_backend == "triton" and not torch.cuda.is_available()
+    shape = dict(B=2, T=5, U=2) if interpreted else dict(B=4, T=9, U=4)
+    x, tg, il, tl = _batch(**shape, V=9, seed=9, dtype=torch.float32)
     a = _run(x, tg, il, tl, [2, 4], rnnt_backend, clamp=0.3, sigma=0.1, fastemit_lambda=0.1)
     b = _run(x, tg, il, tl, [2, 4], rnnt_backend, clamp=0.3, sigma=0.1, fastemit_lambda=0.1)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
