@@ -181,25 +181,33 @@ def _beta(arc_blank, arc_emit, Tb, Ub, bd, ed, ce, beta):
 
 
 @njit(cache=True, nogil=True)
-def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll, rnnt,
-                                 job):
-    """Job ``2 b``: sequence ``b``'s alpha and ``ll[b]``; job ``2 b + 1``: its beta.
-
-    ``rnnt``: the durations are RNN-T's (``bd == (1,)``, ``ed == (0,)``).
+def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bd, ed, ce, alpha, beta, ll, job):
+    """Any durations. Job ``2 b``: sequence ``b``'s alpha and ``ll[b]``; job ``2 b + 1``:
+    its beta.
 
     Updates: ``alpha[b, :T_b+1, :U_b+1]`` and ``ll[b]``, or ``beta[b, :T_b+1, :U_b+1]``.
     """
     b = job // 2
     if job % 2 == 0:
-        if rnnt:
-            _sweep_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], alpha[b], 0)
-        else:
-            _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, alpha[b])
+        _alpha(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, alpha[b])
         ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
-    elif rnnt:
-        _sweep_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b], 1)
     else:
         _beta(arc_blank[b], arc_emit[b], Tl[b], Ul[b], bd, ed, ce, beta[b])
+
+
+@njit(cache=True, nogil=True)
+def _rnnt_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, alpha, beta, ll, job):
+    """RNN-T's durations: as ``transducer_alpha_beta_kernel``, by ``_sweep_rnnt``.
+
+    A kernel of its own so that an RNN-T call compiles neither ``_alpha`` nor ``_beta``
+    (the general durations), and one call site with a run-time direction: a literal 0
+    and 1 compiled the sweep twice (Numba specializes on literal arguments).
+    """
+    b = job // 2
+    d = job % 2
+    _sweep_rnnt(arc_blank[b], arc_emit[b], Tl[b], Ul[b], beta[b] if d else alpha[b], d)
+    if d == 0:
+        ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
 
 
 @njit(cache=True, nogil=True)
@@ -315,10 +323,15 @@ def transducer_lattice(
     # Beta only when the occupations need it; each direction of each sequence is a job.
     jobs = range(2 * B) if compute_occupations else range(0, 2 * B, 2)
     cost = [Tl[j // 2] * (Ul[j // 2] + 1) for j in jobs]
-    run_jobs(transducer_alpha_beta_kernel,
-             (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(), ll.numpy(),
-              rnnt),
-             jobs, order=cost)
+    if rnnt:
+        run_jobs(_rnnt_alpha_beta_kernel,
+                 (ab.numpy(), ae.numpy(), Tl, Ul, alpha.numpy(), beta.numpy(), ll.numpy()),
+                 jobs, order=cost)
+    else:
+        run_jobs(transducer_alpha_beta_kernel,
+                 (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
+                  ll.numpy()),
+                 jobs, order=cost)
     ll_out = ll if dt == torch.float64 else torch.from_numpy(ll.numpy().astype(np.float32))
     if not compute_occupations:
         return ll_out, arc_blank.new_empty(0), arc_emit.new_empty(0)
