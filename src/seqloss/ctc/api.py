@@ -11,6 +11,7 @@ from .._core import checks
 from .._core.dispatch import resolve_backend
 from .._core.lanes import cpu_backend
 from .._core.module import LossModule
+from .._core.opdecl import eager as _eager
 from .._core.types import REDUCTIONS, IntsLike, Reduction
 from .checks import ctc_inputs
 from .op import ctc_loss_decl
@@ -20,6 +21,7 @@ from .op import ctc_loss_decl
 MEAN = "mean_target"
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _REDUCTIONS = frozenset(REDUCTIONS)
+_grad_enabled = torch.is_grad_enabled
 
 
 def ctc_loss(
@@ -106,11 +108,21 @@ def ctc_loss(
         T, B, C = log_probs.shape
         if (0 <= blank < C and input_lengths.shape[0] == B and target_lengths.shape[0] == B
                 and (targets.dim() == 1 or (targets.dim() == 2 and targets.shape[0] == B))):
+            reduction = MEAN if reduction == "mean" else reduction
+            name = cpu_backend(backend)
+            compute_grad = log_probs.requires_grad and _grad_enabled()
+            # The declaration's hook, called as its value() would (eagerly; the exact
+            # types above rule out traced tensors); any call it declines, value() takes.
+            fast = ctc_loss_decl.fast
+            if fast is not None and _eager(log_probs):
+                loss = fast(log_probs, targets, input_lengths, target_lengths, blank,
+                            fused_log_softmax, reduction, zero_infinity, delay_penalty, name,
+                            compute_grad, validate)
+                if loss is not None:
+                    return loss
             return ctc_loss_decl.value(
                 log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
-                MEAN if reduction == "mean" else reduction, zero_infinity, delay_penalty,
-                cpu_backend(backend), log_probs.requires_grad and torch.is_grad_enabled(),
-                validate)
+                reduction, zero_infinity, delay_penalty, name, compute_grad, validate)
     checks.check_float_tensor(log_probs, "log_probs")
     delay_penalty = checks.check_float_arg(delay_penalty, "delay_penalty")
     reduction = checks.check_reduction(reduction, MEAN)
