@@ -40,7 +40,7 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, fused_log
     global _kern
     dt = log_probs.dtype
     il, tl = input_lengths, target_lengths
-    B = log_probs.shape[1]
+    T, B, C = log_probs.shape
     if (backend != "numba" or (dt is not _F32 and dt is not _F64) or B == 0
             or targets.dtype is not _I64 or il.dtype is not _I64 or tl.dtype is not _I64
             or not (targets.is_contiguous() and il.is_contiguous() and tl.is_contiguous())):
@@ -58,7 +58,6 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, fused_log
         return None
     grad = None
     if compute_grad:
-        T, _, C = log_probs.shape
         if T * B * C * dt.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
             buf = buffers.empty((T, B, C) if tb_layout else (B, T, C), dt)
             view = buf if tb_layout else buf.transpose(0, 1)
