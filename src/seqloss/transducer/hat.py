@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import resolve_backend
 from .._core.errors import InputTypeError
@@ -23,6 +22,7 @@ from .checks import transducer_inputs
 from .from_joint import _Branch, _fake_logits, _run, _setup
 from .joint.table import hat_table
 from .op import table_loss_decl
+from .rnnt import rnnt_options
 
 
 def _options(clamp: object, reduction: object, fastemit_lambda: object, delay_penalty: object,
@@ -31,12 +31,8 @@ def _options(clamp: object, reduction: object, fastemit_lambda: object, delay_pe
                                        or not isinstance(chunk_elements, int)):
         raise InputTypeError(f"chunk_elements must be an int or None, got "
                              f"{type(chunk_elements).__name__}")
-    return (checks.check_float_arg(clamp, "clamp"),
-            checks.check_reduction(reduction, "mean_batch"),
-            checks.check_float_arg(fastemit_lambda, "fastemit_lambda", low=0.0),
-            checks.check_float_arg(delay_penalty, "delay_penalty"),
-            checks.flag(zero_infinity, "zero_infinity"),
-            checks.flag(validate, "validate"))
+    return rnnt_options(clamp, reduction, fastemit_lambda, delay_penalty, zero_infinity,
+                        validate)
 
 
 def hat_loss(

@@ -45,26 +45,31 @@ _LANES = 16
 
 
 @njit(inline="always", cache=True, error_model="numpy")
+def _seg_max(xrow, lo, hi, m, acc):
+    """``max(m, xrow[lo:hi])`` by ``_LANES`` running maxima (``_row_max``: the whole row)."""
+    n = lo + (hi - lo) // _LANES * _LANES
+    if n > lo:
+        for k in range(_LANES):
+            acc[k] = xrow[lo + k]
+        for v in range(lo + _LANES, n, _LANES):
+            for k in range(_LANES):
+                a = xrow[v + k]
+                acc[k] = a if a > acc[k] else acc[k]
+        for k in range(_LANES):
+            m = acc[k] if acc[k] > m else m
+    for v in range(n, hi):
+        m = xrow[v] if xrow[v] > m else m
+    return m
+
+
+@njit(inline="always", cache=True, error_model="numpy")
 def _row_max(xrow, V, acc):
     """The row's maximum (with NaN: any value; the caller finds NaN in the row's sum).
 
     ``acc``: scratch of ``_LANES`` entries. LLVM does not vectorize a max *reduction*
     here (it would need "nnan", which Numba applies to a whole function once inlined);
     ``_LANES`` running maxima are an elementwise select, which it does (4x faster)."""
-    n = V // _LANES * _LANES
-    m = xrow[0]
-    if n:
-        for k in range(_LANES):
-            acc[k] = xrow[k]
-        for v in range(_LANES, n, _LANES):
-            for k in range(_LANES):
-                a = xrow[v + k]
-                acc[k] = a if a > acc[k] else acc[k]
-        for k in range(_LANES):
-            m = acc[k] if acc[k] > m else m
-    for v in range(n, V):
-        m = xrow[v] if xrow[v] > m else m
-    return m
+    return _seg_max(xrow, 0, V, xrow[0], acc)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
@@ -221,24 +226,6 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
 # The "hat" normalizer (``table.py``): the labels' softmax leaves the blank's class out,
 # whose sigmoid the epilogue takes from the arcs' side (``bsig``), so no logit is read
 # there. Same row addressing and jobs as above.
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _seg_max(xrow, lo, hi, m, acc):
-    """``max(m, xrow[lo:hi])`` by ``_LANES`` running maxima (see ``_row_max``)."""
-    n = lo + (hi - lo) // _LANES * _LANES
-    if n > lo:
-        for k in range(_LANES):
-            acc[k] = xrow[lo + k]
-        for v in range(lo + _LANES, n, _LANES):
-            for k in range(_LANES):
-                a = xrow[v + k]
-                acc[k] = a if a > acc[k] else acc[k]
-        for k in range(_LANES):
-            m = acc[k] if acc[k] > m else m
-    for v in range(n, hi):
-        m = xrow[v] if xrow[v] > m else m
-    return m
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
