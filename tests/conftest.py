@@ -81,6 +81,16 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = kept
 
 
+def other_backend(backend: str) -> str:
+    """A backend other than ``backend``, for a float64 oracle that is not the code under
+    test: the reference, or for the reference itself the Numba kernels."""
+    if backend != "reference":
+        return "reference"
+    if importlib.util.find_spec("numba") is None:
+        pytest.skip("numba is not installed: no oracle other than the reference itself")
+    return "numba"
+
+
 def device_for(backend: str) -> torch.device:
     """Triton runs on CUDA when present, else on CPU under TRITON_INTERPRET=1."""
     if backend == "triton" and torch.cuda.is_available():

@@ -715,3 +715,14 @@ def test_matches_torchaudio_forced_align_without_lengths():
         want = ta.forced_align(lp, tg)
         got = seqloss.ctc_align(lp, tg, batch_first=True)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# ------------------------------------------------------------------ CTC: the labels' dtype
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_ctc_labels_have_the_targets_dtype(backend, dtype):
+    lp, tg, il, tl = _ctc_batch(7, 3, 5, 3, dtype=torch.float64)
+    lp = lp.to(device_for(backend))
+    labels, _ = seqloss.ctc_align(lp, tg.to(dtype), il, tl, backend=backend)
+    assert labels.dtype == dtype
+    labels, _ = seqloss.ctc_align(lp, tg.tolist(), il, tl, backend=backend)
+    assert labels.dtype == torch.int64

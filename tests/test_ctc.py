@@ -472,3 +472,14 @@ def test_env_var_selects_backend(monkeypatch):
     monkeypatch.delenv("SEQLOSS_BACKEND")
     b = seqloss.ctc_loss(lp, tg, il, tl, backend="reference")
     assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ the registered op
+def test_opcheck():
+    x, tg, il, tl = _batch(6, 2, 5, 3, dtype=torch.float64)
+    x = x.requires_grad_()
+    for fused, reduction, zinf, dp in ((False, "none", False, 0.0),
+                                       (True, "mean_target", True, 0.3),
+                                       (False, "sum", False, -0.2)):
+        args = (x, tg, il, tl, 0, fused, reduction, zinf, dp, "reference", True, True)
+        torch.library.opcheck(torch.ops.seqloss.ctc_loss.default, args)

@@ -140,3 +140,43 @@ def test_rnnt_feasibility_and_nonfinite():
     assert s2.status == "infeasible" and s2.loss == INF and s2.grad_max == 0.0
     assert r.blank == V - 1
     json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_doctor_names_an_unknown_key():
+    lp = _lp(7, 3, 5)
+    tg, il, tl = torch.tensor([[1, 2, 3]] * 3), torch.tensor([7, 6, 6]), torch.tensor([3, 2, 2])
+    with pytest.raises(seqloss.InputError, match=r"'target_length'.*did you mean 'target_lengths'"):
+        seqloss.diagnose("ctc", log_probs=lp, targets=tg, input_lengths=il, target_length=tl)
+
+
+
+# ------------------------------------------------------------------ column lengths
+def _ctc_needed(labels: list[int]) -> int:
+    return len(labels) + sum(a == b for a, b in zip(labels, labels[1:], strict=False))
+
+
+@pytest.mark.parametrize("shape", ["flat", "column"])
+def test_diagnose_ctc_counts_repeats_with_column_lengths(shape):
+    lp = torch.randn(4, 2, 3).log_softmax(-1)
+    tg = torch.tensor([[2, 0], [1, 1]])
+    il, tl = torch.tensor([1, 2]), torch.tensor([1, 2])
+    if shape == "column":
+        il, tl = il[:, None], tl[:, None]
+    d = seqloss.diagnose("ctc", lp, tg, il, tl)
+    got = [(s.frames, s.target_length, s.repeats, s.frames_needed, s.feasible) for s in d.sequences]
+    want = [(1, 1, 0, _ctc_needed([2]), True), (2, 2, 1, _ctc_needed([1, 1]), False)]
+    assert got == want
+    assert d.sequences[1].status == "infeasible"
+
+
+@pytest.mark.parametrize("kind", ["rnnt", "multiblank", "tdt"])
+def test_diagnose_transducers_take_column_lengths(kind):
+    V = {"rnnt": 4, "multiblank": 5, "tdt": 7}[kind]
+    x = torch.randn(2, 3, 3, V)
+    tg = torch.tensor([[1, 2], [2, 1]])
+    il, tl = torch.tensor([3, 2]), torch.tensor([2, 1])
+    extra = {"rnnt": (), "multiblank": ([2],), "tdt": ([0, 1, 2],)}[kind]
+    flat = seqloss.diagnose(kind, x, tg, il, tl, *extra)
+    col = seqloss.diagnose(kind, x, tg, il[:, None], tl[:, None], *extra)
+    assert [(s.frames, s.target_length) for s in col.sequences] == [(3, 2), (2, 1)]
+    assert col.to_dict()["sequences"] == flat.to_dict()["sequences"]

@@ -1,4 +1,6 @@
-"""Import time: ``import seqloss`` and ``seqloss --help`` load no kernels and no compiler.
+"""Imports: ``import seqloss`` and ``seqloss --help`` load no kernels and no compiler, and
+seqloss works without the kernels' packages (the reference backend; ``backend="numba"``
+or ``"triton"`` then raises an ``ImportError`` naming it).
 
 The structural checks (which modules a fresh interpreter holds) are exact. The timings
 compare against ``import torch`` on the same machine, best of 3 each, run interleaved,
@@ -184,3 +186,31 @@ def test_import_and_help_time_over_torch():
               f"+{t['help'][i] - t['torch'][i]:.3f} s")
     assert t["seqloss"][1] - t["torch"][1] <= IMPORT_BOUND_S, t
     assert t["help"][1] - t["torch"][1] <= HELP_BOUND_S, t
+
+
+def test_import_without_numba_and_triton():
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["numba"] = None
+        sys.modules["triton"] = None
+        import torch, seqloss
+        x = torch.randn(6, 2, 4).log_softmax(-1)
+        loss = seqloss.ctc_loss(x, torch.tensor([[1, 2], [3, 3]]), [6, 5], [2, 2])
+        assert torch.isfinite(loss), loss
+        for name in ("numba", "triton"):
+            try:
+                seqloss.ctc_loss(x, torch.tensor([[1, 2], [3, 3]]), [6, 5], [2, 2], backend=name)
+            except ImportError as e:
+                assert name in str(e)
+            else:
+                raise AssertionError(name + " should have raised ImportError")
+        print("ok")
+        """
+    )
+    env = dict(os.environ)
+    env.pop("SEQLOSS_BACKEND", None)
+    env.pop("TRITON_INTERPRET", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -22,7 +22,7 @@ import re
 
 import pytest
 import torch
-from conftest import backend_params, device_for
+from conftest import backend_params, device_for, other_backend
 from torch import nn
 
 import seqloss
@@ -325,3 +325,26 @@ def test_ctc_mean_equals_torch():
         out.append((loss, *torch.autograd.grad(loss, x)))
     for a, b in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_rnnt_mean_volume(rnnt_backend):
+    """rnnt_loss's ``"mean_volume"`` on every backend against the formula on another
+    backend's ``"none"`` losses; with every ``U_b = 0`` the divisor is 1."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 3, 3, 4, generator=g, dtype=F64).to(device_for(rnnt_backend))
+    tg = torch.randint(0, 3, (3, 2), generator=g)  # blank is 3
+    il, tl = torch.tensor([3, 2, 2]), torch.tensor([2, 1, 1])
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a = seqloss.rnnt_loss(x1, tg, il, tl, reduction="mean_volume", backend=rnnt_backend)
+    per = seqloss.rnnt_loss(x2, tg, il, tl, reduction="none",
+                            backend=other_backend(rnnt_backend))
+    want = per.sum() / tl.sum()
+    torch.testing.assert_close(a, want, rtol=1e-10, atol=1e-10)
+    a.backward()
+    want.backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
+    # Every U_b = 0: the divisor is 1 (NeMo's), so the value is the plain sum.
+    z = torch.zeros_like(tl)
+    a = seqloss.rnnt_loss(x, tg, il, z, reduction="mean_volume", backend=rnnt_backend)
+    s = seqloss.rnnt_loss(x, tg, il, z, reduction="sum", backend=rnnt_backend)
+    torch.testing.assert_close(a, s, rtol=1e-12, atol=0)

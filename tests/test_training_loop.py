@@ -1,4 +1,4 @@
-"""Every public loss inside a real training loop: inductor, autocast, retain_graph.
+"""Every public loss inside a real training loop: inductor, autocast, retain_graph, torch.func.
 
 Each case is a function of one float32 leaf ``x`` (the output of a model) returning a
 scalar loss, on the CPU backend. ``torch.compile`` with inductor (``fullgraph=True``
@@ -6,6 +6,9 @@ except for the eager-only functions in ``GRAPH_BREAKS``) must give eager's value
 gradients; under ``torch.autocast("cpu", bfloat16)`` the model's output arrives in
 bfloat16 and the loss must be float32, finite, and close to float32's on the same rounded
 values; ``retain_graph`` must allow a second backward that adds the same gradient.
+CTC and RNN-T are also checked on every backend: the gradient ``autograd.grad`` and
+``torch.func`` return is a plain tensor equal to brute force's, a double backward raises,
+TorchScript says it is unsupported; ``grad_clamp`` clamps the gradient it passes on.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ import importlib.util
 
 import pytest
 import torch
+import torch.nn.functional as F
+from conftest import device_for
 
 import seqloss
+from seqloss import InputError
 from seqloss._core.distributed import distributed_mean
+from seqloss.testing import brute_force_ctc, brute_force_rnnt
 from seqloss.transducer.arc_logprobs import transducer_arc_logprobs
 from seqloss.transducer.hat import hat_loss, hat_loss_from_joint
 
@@ -167,7 +174,7 @@ def _value_and_grad(f, x):
 
 @pytest.mark.parametrize("name", [n for n in CASES if n not in ("ctc", "rnnt")])
 def test_inductor_matches_eager(name):
-    """(CTC and RNN-T on inductor: ``test_fidelity.py``.)"""
+    """(CTC and RNN-T on inductor: ``test_inductor_compile_*`` below.)"""
     f = CASES[name]
     torch._dynamo.reset()
     cf = torch.compile(f, backend="inductor", fullgraph=name not in GRAPH_BREAKS)
@@ -321,3 +328,302 @@ def test_hat_loss_compiles_without_graph_break():
     got = _value_and_grad(cf, _x())
     want = _value_and_grad(CASES["hat"], _x())
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# CTC and RNN-T across backends: compiled, differentiated by autograd.grad and torch.func,
+# backward twice, double backward; the oracles are eager, brute force and torch's CTC.
+def _ctc_batch(T=7, B=3, C=5, S=3, seed=0, layout="tbc"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=torch.float64) if layout == "btc" else \
+        torch.randn(T, B, C, generator=g, dtype=torch.float64)
+    tg = torch.randint(1, C, (B, S), generator=g)
+    il = torch.tensor([T] + [T - 1] * (B - 1))
+    tl = torch.tensor([S] + [S - 1] * (B - 1))
+    return x, tg, il, tl
+
+
+def _rnnt_batch(B=2, T=3, U=2, V=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    tg = torch.randint(0, V - 1, (B, U), generator=g)  # blank is V - 1
+    il = torch.tensor([T] + [T - 1] * (B - 1))
+    tl = torch.tensor([U] + [U - 1] * (B - 1))
+    return x, tg, il, tl
+
+
+def _brute_ctc_grad(lp, tg, il, tl, reduction):
+    """The gradient of the reduced CTC loss w.r.t. log-probs ``(T, B, C)``, by brute force."""
+    w = 1.0 / tl.clamp(min=1).double() / len(tl) if reduction == "mean" else torch.ones(len(tl))
+    out = torch.zeros_like(lp)
+    for b in range(len(tl)):
+        xb = lp[: il[b], b].clone().requires_grad_()
+        (gb,) = torch.autograd.grad(brute_force_ctc(xb, tg[b, : tl[b]].tolist()) * w[b], xb)
+        out[: il[b], b] = gb
+    return out
+
+
+def _ctc_inputs(T, B=2, C=5, S=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, C, generator=g)
+    tg = torch.randint(1, C, (B, S), generator=g)
+    il = torch.tensor([T, T - 1])
+    tl = torch.tensor([S, S - 1])
+    return x, tg, il, tl
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["log_softmax", "fused"])
+def test_inductor_compile_transposed_ctc_matches_eager(fused):
+    torch._dynamo.reset()
+    x0, tg, il, tl = _ctc_batch(T=9, B=3, C=6, layout="btc")
+    x0 = x0.float()
+
+    def f(x):
+        y = x if fused else x.log_softmax(-1)
+        return seqloss.ctc_loss(y.transpose(0, 1), tg, il, tl, fused_log_softmax=fused)
+
+    x1, x2 = x0.clone().requires_grad_(), x0.clone().requires_grad_()
+    a = torch.compile(f, backend="inductor")(x1)
+    a.backward()
+    b = f(x2)
+    b.backward()
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_inductor_compile_noncontiguous_rnnt_matches_eager():
+    torch._dynamo.reset()
+    x0, tg, il, tl = _rnnt_batch(B=2, T=4, U=2, V=5)
+    x0 = x0.float()
+
+    def f(x):  # a (B, U+1, T, V) model output, transposed to the loss's layout
+        return seqloss.rnnt_loss(x.transpose(1, 2), tg, il, tl)
+
+    base = x0.transpose(1, 2).contiguous()
+    x1, x2 = base.clone().requires_grad_(), base.clone().requires_grad_()
+    a = torch.compile(f, backend="inductor")(x1)
+    a.backward()
+    b = f(x2)
+    b.backward()
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_compile_fullgraph_dynamic_no_recompile(backend):
+    pytest.importorskip("numba") if backend == "numba" else None
+    torch._dynamo.reset()
+
+    def f(x, tg, il, tl):
+        return seqloss.ctc_loss(x.log_softmax(-1), tg, il, tl, backend=backend)
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True)
+    for i, T in enumerate((9, 11, 13)):
+        x, tg, il, tl = _ctc_inputs(T, seed=i)
+        x1 = x.clone().requires_grad_()
+        x2 = x.clone().requires_grad_()
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            a = cf(x1, tg, il, tl)
+        a.backward()
+        b = f(x2, tg, il, tl)
+        b.backward()
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_autograd_grad_is_plain_tensor_ctc(ctc_backend, reduction):
+    x, tg, il, tl = _ctc_batch()
+    x = x.log_softmax(-1).to(device_for(ctc_backend)).requires_grad_()
+    loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, backend=ctc_backend)
+    (g,) = torch.autograd.grad(loss, x)
+    assert not g.requires_grad and g.grad_fn is None
+    g.cpu().numpy()  # fails on a tensor attached to the graph
+    torch.testing.assert_close(g.cpu(), _brute_ctc_grad(x.detach().cpu(), tg, il, tl, reduction),
+                               rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_autograd_grad_is_plain_tensor_rnnt(rnnt_backend, reduction):
+    x, tg, il, tl = _rnnt_batch()
+    x = x.to(device_for(rnnt_backend)).requires_grad_()
+    loss = seqloss.rnnt_loss(x, tg, il, tl, reduction=reduction, backend=rnnt_backend)
+    (g,) = torch.autograd.grad(loss, x)
+    assert not g.requires_grad and g.grad_fn is None
+    g.cpu().numpy()
+    w = 1.0 / len(tl) if reduction == "mean" else 1.0
+    for b in range(len(tl)):
+        xb = x.detach()[b, : il[b], : tl[b] + 1].cpu().clone().requires_grad_()
+        ref = brute_force_rnnt(xb.log_softmax(-1), tg[b, : tl[b]].tolist(), blank=x.shape[-1] - 1)
+        (gb,) = torch.autograd.grad(ref * w, xb)
+        torch.testing.assert_close(g[b, : il[b], : tl[b] + 1].cpu(), gb, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+def test_retain_graph_zero_grad_backward_again_ctc(ctc_backend, reduction):
+    x, tg, il, tl = _ctc_batch()
+    x = x.log_softmax(-1).to(device_for(ctc_backend)).requires_grad_()
+    loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, backend=ctc_backend)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    x.grad.zero_()
+    loss.backward()
+    torch.testing.assert_close(x.grad, first, rtol=0, atol=0)
+    torch.testing.assert_close(first.cpu(),
+                               _brute_ctc_grad(x.detach().cpu(), tg, il, tl, reduction),
+                               rtol=1e-9, atol=1e-10)
+
+
+def test_retain_graph_zero_grad_backward_again_rnnt(rnnt_backend):
+    x, tg, il, tl = _rnnt_batch()
+    x = x.to(device_for(rnnt_backend)).requires_grad_()
+    loss = seqloss.rnnt_loss(x, tg, il, tl, backend=rnnt_backend)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    x.grad.zero_()
+    loss.backward()
+    torch.testing.assert_close(x.grad, first, rtol=0, atol=0)
+    b = 0
+    xb = x.detach()[b, : il[b], : tl[b] + 1].cpu().clone().requires_grad_()
+    ref = brute_force_rnnt(xb.log_softmax(-1), tg[b, : tl[b]].tolist(), blank=x.shape[-1] - 1)
+    (gb,) = torch.autograd.grad(ref / len(tl), xb)
+    torch.testing.assert_close(first[b, : il[b], : tl[b] + 1].cpu(), gb, rtol=1e-9, atol=1e-10)
+
+
+def test_leaf_grad_without_retain_graph_is_usable():
+    # The hand-off path (no retained graph): .grad is an ordinary tensor the user owns.
+    x, tg, il, tl = _ctc_batch()
+    x = x.log_softmax(-1).requires_grad_()
+    seqloss.ctc_loss(x, tg, il, tl).backward()
+    g = x.grad.clone()
+    x.grad.zero_()
+    seqloss.ctc_loss(x, tg, il, tl).backward()
+    torch.testing.assert_close(x.grad, g, rtol=0, atol=0)
+
+
+def test_rnnt_double_backward_raises():
+    x = torch.randn(2, 5, 3, 4, dtype=torch.float64, requires_grad=True)
+    loss = seqloss.rnnt_loss(x, torch.tensor([[1, 2], [1, 1]]), torch.tensor([5, 4]),
+                             torch.tensor([2, 1]), backend="reference")
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        g.sum().backward()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_retain_graph_backward_twice_is_exact(reduction):
+    x, tg, il, tl = _ctc_inputs(8)
+    x = x.double().requires_grad_()
+    loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, fused_log_softmax=True,
+                            backend="reference")
+    w = torch.tensor([0.5, 2.0], dtype=torch.float64) if reduction == "none" else None
+    (g1,) = torch.autograd.grad(loss, x, grad_outputs=w, retain_graph=True)
+    (g2,) = torch.autograd.grad(loss, x, grad_outputs=w)
+    assert torch.equal(g1, g2)
+
+
+@pytest.mark.parametrize("module", [seqloss.CTCLoss, seqloss.RNNTLoss])
+def test_torchscript_says_unsupported(module):
+    with pytest.raises(NotImplementedError, match="TorchScript"):
+        torch.jit.script(module())
+
+
+def test_torch_func_grad_ctc_and_rnnt():
+    x, tg, il, tl = _ctc_batch()
+    g = torch.func.grad(lambda z: seqloss.ctc_loss(z.log_softmax(-1), tg, il, tl))(x)
+    y = x.clone().requires_grad_()
+    F.ctc_loss(y.log_softmax(-1), tg, il, tl).backward()
+    torch.testing.assert_close(g, y.grad, rtol=1e-9, atol=1e-12)
+
+    x, tg, il, tl = _rnnt_batch()
+    g = torch.func.grad(lambda z: seqloss.rnnt_loss(z, tg, il, tl, reduction="sum"))(x)
+    xs = x.clone().requires_grad_()
+    w = sum(brute_force_rnnt(xs[b, : il[b], : tl[b] + 1].log_softmax(-1), tg[b, : tl[b]].tolist(),
+                             blank=3) for b in range(2))
+    (gw,) = torch.autograd.grad(w, xs)
+    torch.testing.assert_close(g, gw, rtol=1e-9, atol=1e-12)
+
+    # grad_clamp is an identity whose backward clamps: d/dx sum(grad_clamp(3x)^2 / 2)
+    # = 3 * clamp(9x, -1, 1).
+    z = torch.linspace(-1, 1, 7, dtype=torch.float64)
+    gz = torch.func.grad(lambda t: (seqloss.grad_clamp(3 * t, 1.0) ** 2).sum() / 2)(z)
+    torch.testing.assert_close(gz, 3 * (9 * z).clamp(-1, 1))
+
+
+def test_torch_func_vjp_per_sequence_weights():
+    # README: torch.func.grad/vjp work. A weighted cotangent of the per-sequence losses.
+    x, tg, il, tl = _ctc_batch()
+    w = torch.tensor([0.5, -2.0, 3.0], dtype=x.dtype)
+    loss, vjp = torch.func.vjp(
+        lambda z: seqloss.ctc_loss(z.log_softmax(-1), tg, il, tl, reduction="none"), x)
+    (g,) = vjp(w)
+    y = x.clone().requires_grad_()
+    want = F.ctc_loss(y.log_softmax(-1), tg, il, tl, reduction="none")
+    want.backward(w)
+    torch.testing.assert_close(loss, want.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(g, y.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("form", ["sum", "sum_x2", "vector_ones", "vector_mixed", "scalar_half"])
+def test_incoming_gradient_forms_scale_the_saved_one(form):
+    """The backward hands the saved gradient on only for an incoming gradient of ones
+    (a 0-stride expand from ``sum``, a vector, a scalar), and scales it otherwise."""
+    x, tg, il, tl = _rnnt_batch(B=3)
+    x = x.requires_grad_()
+    per_seq = torch.stack([
+        brute_force_rnnt(x[b, : il[b], : tl[b] + 1].log_softmax(-1), tg[b, : tl[b]].tolist(),
+                         blank=x.shape[-1] - 1) for b in range(3)])
+    ab = torch.randn(3, 4, 3, 1, dtype=torch.float64).requires_grad_()
+    ae = torch.randn(3, 4, 3, 1, dtype=torch.float64).requires_grad_()
+    lil, ltl = torch.tensor([4, 3, 2]), torch.tensor([2, 1, 2])
+    for loss_fn, ref_fn, leaves in (
+        (lambda: seqloss.rnnt_loss(x, tg, il, tl, reduction="none", backend="numba"),
+         lambda: per_seq, (x,)),
+        (lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="numba"),
+         lambda: seqloss.transducer_lattice(ab, ae, lil, ltl, backend="reference"), (ab, ae)),
+    ):
+        def reduce(v):
+            if form == "sum":
+                return v.sum()
+            if form == "sum_x2":
+                return v.sum() * 2
+            if form == "vector_ones":
+                return (v * torch.ones(3, dtype=v.dtype)).sum()
+            if form == "vector_mixed":
+                return (v * torch.tensor([1.0, 3.0, 1.0], dtype=v.dtype)).sum()
+            return v[1] * 0.5
+        got = torch.autograd.grad(reduce(loss_fn()), leaves)
+        want = torch.autograd.grad(reduce(ref_fn()), leaves)
+        for g, w in zip(got, want, strict=True):
+            assert g.grad_fn is None
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
+
+
+def test_grad_clamp():
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    y = seqloss.grad_clamp(x, 0.5)
+    assert torch.equal(y, x)
+    (y * torch.tensor([2.0, -3.0, 0.1])).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.5, -0.5, 0.1]))
+    x.grad = None
+    (seqloss.grad_clamp(x, 0) * 5).sum().backward()
+    assert torch.count_nonzero(x.grad) == 0
+    x.grad = None
+    (seqloss.grad_clamp(x, 1.0) * torch.tensor([float("nan"), 1.0, 1.0])).sum().backward()
+    assert torch.isnan(x.grad[0]) and x.grad[1] == 1.0
+    with pytest.raises(InputError, match="clamp must be >= 0"):
+        seqloss.grad_clamp(x, -1.0)
+    with pytest.raises(TypeError, match="clamp must be a real number"):
+        seqloss.grad_clamp(x, "1")
+
+
+def test_grad_clamp_composes_with_ctc():
+    x, tg, il, tl = _ctc_inputs(8)
+    x = x.requires_grad_()
+    loss = seqloss.ctc_loss(seqloss.grad_clamp(x.log_softmax(-1), 0.05), tg, il, tl,
+                            reduction="sum", backend="reference")
+    loss.backward()
+    lp = x.detach().log_softmax(-1).requires_grad_()
+    seqloss.ctc_loss(lp, tg, il, tl, reduction="sum", backend="reference").backward()
+    g = lp.grad.clamp(-0.05, 0.05)
+    want = g - lp.detach().exp() * g.sum(-1, keepdim=True)
+    torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
