@@ -4,7 +4,7 @@ The installed llvmlite has no vector math library: ``math.exp`` in a loop is a s
 libm call (~10x slower than torch's vectorized one). ``vexp`` is Cody-Waite reduction, a
 Taylor polynomial and the exponent built from the integer bits, branch-free, in the
 argument's own precision (float32: 16 lanes under AVX-512): float32 to ~2 ulp, float64
-to ~1 ulp (``tests/test_joint_rows.py``), exactly 0 below the dtype's normal range and
+to ~1 ulp (``tests/test_transducer_kernels.py``), exactly 0 below the dtype's normal range and
 for ``-inf``, NaN for NaN.
 
 ``seqloss.ctc.numba_cpu._exp`` is the float64 polynomial with the 1.5 * 2**52 shift for the

@@ -12,7 +12,7 @@ The hook takes the call when the backend is Numba and the calling thread runs th
 (``numba_cpu.ctc_loss_inline``, which checks the values and raises the general path's
 errors) behind an ``autograd.Function`` with the semantics of ``_core.opdecl._EagerOp``.
 Any other call returns ``None`` and takes the general path; both give the same bits
-(``tests/test_ctc_fast.py``).
+(``tests/test_fast_lanes.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ backward's generic hand-off cost ~0.3 ms around a 1.6 ms kernel there. This lane
 the call a training loop makes -- float32/float64 CPU arcs of one dtype, the Numba
 backend (as dispatch resolved it), a gradient wanted -- with the op's own (checked)
 arguments, and runs the backend's public recursion behind a one-output
-``autograd.Function`` with the general path's semantics (``tests/test_lattice_fast.py``).
+``autograd.Function`` with the general path's semantics (``tests/test_fast_lanes.py``).
 Any other call returns ``None`` and takes the general path, which also raises every
 value error.
 """
