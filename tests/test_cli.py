@@ -1,21 +1,28 @@
 """The seqloss command: demo, doctor, bench, usage errors and help.
 
 The commands that matter end to end run in a subprocess (``python -m seqloss``);
-cheaper checks call ``seqloss.cli.main`` in-process.
+cheaper checks call ``seqloss.cli.main`` in-process. For multi-blank RNN-T and TDT:
+doctor's saved batches, the benchmark's ratios against rows made by hand, and the demo's
+step counts against a scripted joint.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from rich.console import Console
 
-from seqloss import cli
+import seqloss
+from seqloss import bench, cli
+from seqloss._core import registry
+from seqloss.demo import data as D
 
 NAN = float("nan")
 
@@ -389,3 +396,232 @@ def test_demo_child_compiles_every_kernel_the_demo_reaches_after_ctc(tmp_path):
                        text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[]"  # nothing compiled: all from the cache
+
+
+# ------------------------------------------------------------------ multi-blank and TDT
+def _tdt_batch(pair: bool):
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randn(2, 4, 3, 5, generator=g)
+    dur = torch.randn(2, 4, 3, 3, generator=g)
+    return {"kind": "tdt", "logits": (tok, dur) if pair else torch.cat([tok, dur], -1),
+            "targets": torch.tensor([[1, 2], [3, 0]]), "logit_lengths": torch.tensor([4, 0]),
+            "target_lengths": torch.tensor([2, 1]), "durations": [0, 1, 2], "blank": -1}
+
+
+@pytest.mark.parametrize("pair", [False, True], ids=["concatenated", "pair"])
+def test_doctor_saved_tdt_batch(tmp_path, capsys, pair):
+    d = _tdt_batch(pair)
+    torch.save(d, tmp_path / "tdt.pt")
+    assert cli.main(["doctor", str(tmp_path / "tdt.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "seqloss.diagnose: tdt" in out and "durations [0, 1, 2]" in out
+    assert "zero frames" in out and out.strip().splitlines()[-1] == "2 sequences: 1 infeasible [1]"
+    d["logit_lengths"] = torch.tensor([4, 3])
+    torch.save(d, tmp_path / "clean.pt")
+    assert cli.main(["doctor", "--json", str(tmp_path / "clean.pt")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["ok"] is True and rep["kind"] == "tdt" and rep["durations"] == [0, 1, 2]
+    assert rep["logits_layout"] == ("pair" if pair else "concatenated")
+
+
+def test_doctor_tdt_unknown_key_and_invalid(tmp_path, capsys):
+    d = _tdt_batch(False)
+    d["duration"] = d.pop("durations")
+    torch.save(d, tmp_path / "typo.pt")
+    assert cli.main(["doctor", str(tmp_path / "typo.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "unknown argument 'duration'" in out and "did you mean 'durations'" in out
+    d = _tdt_batch(False)
+    d["targets"] = torch.tensor([[1, 4], [3, 0]])  # 4 is the blank (V = 5, blank -1)
+    torch.save(d, tmp_path / "blank.pt")
+    assert cli.main(["doctor", str(tmp_path / "blank.pt")]) == 1
+    out = capsys.readouterr().out
+    assert "tdt arguments in" in out and "InputError" in out and "targets" in out
+
+
+def test_doctor_multiblank(tmp_path, capsys):
+    g = torch.Generator().manual_seed(0)
+    torch.save({"kind": "multiblank", "logits": torch.randn(2, 4, 3, 6, generator=g),
+                "targets": torch.tensor([[1, 2], [0, 0]]), "logit_lengths": torch.tensor([4, 4]),
+                "target_lengths": torch.tensor([2, 1]), "big_blank_durations": [2, 3]},
+               tmp_path / "mb.pt")
+    assert cli.main(["doctor", str(tmp_path / "mb.pt")]) == 0
+    out = capsys.readouterr().out
+    assert "big blank classes [4, 3]" in out and "all 2 sequences ok" in out
+
+
+@pytest.mark.parametrize("loss", ["multiblank", "tdt"])
+def test_bench_cases_and_inputs(loss):
+    mod = bench.module(loss)
+    rnnt_bench = bench.module("rnnt")
+
+    for sizes in bench.SIZES:
+        assert [(c["B"], c["T"], c["U"], c["V"]) for c in mod.cases(sizes)] == \
+            [(c["B"], c["T"], c["U"], c["V"]) for c in rnnt_bench.cases(sizes)]
+    for case in mod.cases("small"):
+        d = mod.make_inputs(case)
+        V = case["V"]
+        assert d["logits"].shape == (case["B"], case["T"], case["U"] + 1, V)
+        # Targets are never a blank-like class: multi-blank's 4 blanks are the last
+        # classes; TDT's blank is the last token class before the 5 duration logits.
+        top = V - 5 if loss == "multiblank" else V - 5 - 2
+        assert int(d["targets"].max()) <= top and int(d["targets"].min()) >= 0
+        torch.testing.assert_close(d["logits"], mod.make_inputs(case)["logits"], rtol=0, atol=0)
+    names = set(mod.implementations())
+    assert {f"seqloss {loss}", "seqloss rnnt_loss"} <= names
+
+
+_BENCH_NOT_TARGETS = {
+    "rnnt": lambda V: {0},
+    "multiblank": lambda V: {V - 1, V - 2, V - 3, V - 4},
+    "tdt": lambda V: {V - 6, *range(V - 5, V)},
+    "hat": lambda V: {V - 1},
+}
+
+
+@pytest.mark.parametrize("loss", sorted(_BENCH_NOT_TARGETS))
+def test_bench_of_every_transducer_family_from_its_entry(loss):
+    mod = bench.module(loss)
+    assert registry.family(loss).bench is None  # the generic benchmark, read off the entry
+    case = mod.cases("tiny")[1]
+    d = mod.make_inputs(case)
+    V = case["V"]
+    banned = _BENCH_NOT_TARGETS[loss](V)
+    assert not set(d["targets"].unique().tolist()) & banned
+    grad = mod.implementations()[mod.seqloss_name](case)()
+    assert grad.shape == d["logits"].shape and bool(torch.isfinite(grad).all())
+
+
+def test_bench_pair_rows_by_hand():
+    mod = bench.module("tdt")
+    case = {"B": 2, "T": 8, "U": 3, "V": 16}  # logits 2*8*4*16*4 bytes = 4 KiB
+    mib = 4096 / 2**20
+    rows = [
+        {**case, "case": "c", "impl": "seqloss tdt", "ms": 3.0, "peak_mib": 1.05 * mib},
+        {**case, "case": "c", "impl": "seqloss rnnt_loss", "ms": 2.5, "peak_mib": mib},
+        {**case, "case": "c", "impl": "transformers tdt_loss", "ms": 90.0, "peak_mib": None},
+    ]
+    pairs = mod.pair_rows(rows)
+    by = {p["peer"]: p for p in pairs}
+    assert set(by) == {"seqloss rnnt_loss", "transformers tdt_loss"}
+    rn = by["seqloss rnnt_loss"]
+    assert rn["ratio"] == pytest.approx(2.5 / 3.0) and rn["overhead"] == pytest.approx(1.2)
+    assert rn["seqloss_mem_over_logits"] == pytest.approx(1.05)
+    assert rn["peer_mem_over_logits"] == pytest.approx(1.0)
+    tf = by["transformers tdt_loss"]
+    assert tf["ratio"] == pytest.approx(30.0) and "overhead" not in tf
+    assert tf["peer_mem_over_logits"] is None
+    notes = mod.notes(pairs)
+    assert "c: tdt / rnnt_loss time 1.20x (target <= 1.5) ok" in notes
+    assert "c: tdt extra peak memory 1.05x the logits (target <= 1.1) ok" in notes
+    assert "c: tdt 30.0x faster than transformers tdt_loss (target >= 20x) ok" in notes
+    rows[0]["ms"] = 4.0  # 4.0 / 2.5 = 1.6 > 1.5
+    assert any(n.endswith("MISSED") and "1.60x" in n for n in mod.notes(mod.pair_rows(rows)))
+
+
+@pytest.mark.parametrize("loss", ["multiblank", "tdt"])
+def test_bench_run_tiny(loss):
+    mod = bench.module(loss)
+    case = mod.cases("tiny")[:1]
+    rows = mod.run(case, repeat=1, memory=False,
+                   impls=[f"seqloss {loss}", "seqloss rnnt_loss"], log=None)
+    assert [r["impl"] for r in rows] == [f"seqloss {loss}", "seqloss rnnt_loss"]
+    assert all(r["ms"] > 0 and r["peak_mib"] is None for r in rows)
+    (p,) = mod.pair_rows(rows)
+    assert p["overhead"] == pytest.approx(rows[0]["ms"] / rows[1]["ms"])
+
+
+def test_bench_cli_tdt_prints_targets(capsys):
+    assert cli.main(["bench", "--loss", "tdt", "--sizes", "tiny", "--repeats", "1",
+                     "--peers", ""]) == 0
+    out = capsys.readouterr().out
+    assert "B1-T20-U5-V10" in out and "seqloss rnnt_loss" in out
+    assert "tdt / rnnt_loss time" in out and "target <= 1.5" in out
+
+
+class _Scripted(torch.nn.Module):
+    """A transducer whose joint output is read off a script: ``x[b, t, n]`` is the
+    output at frame ``t`` after ``n`` emissions (the predictor counts them)."""
+
+    def encoder(self, x):
+        return x
+
+    def enc_proj(self, x):
+        return x
+
+    def predict(self, y, state=None):
+        n = 0 if state is None else state + 1
+        return torch.full((1, 1), n), n
+
+    def joint(self, enc_t, pred):
+        return enc_t[int(pred)]
+
+
+def _row(C, D_, token, dur=None):
+    r = torch.zeros(C + D_)
+    r[token] = 1.0
+    if dur is not None:
+        r[C + dur] = 1.0
+    return r
+
+
+def test_tdt_greedy_steps_on_a_script():
+    C, durs = 3, (0, 1, 2, 3, 4)
+    T, N = 7, 4
+    x = torch.zeros(1, T, N, C + len(durs))
+    x[0, 0, 0] = _row(C, 5, 1, 2)  # frame 0: emit 1, jump 2 frames
+    x[0, 2, 1] = _row(C, 5, 0, 3)  # frame 2: blank, jump 3
+    x[0, 5, 1] = _row(C, 5, 2, 0)  # frame 5: emit 2, stay
+    x[0, 5, 2] = _row(C, 5, 0, 0)  # frame 5: blank of duration 0 -> moves one frame
+    x[0, 6, 2] = _row(C, 5, 0, 4)  # frame 6: blank, jump past the end
+    hyp, steps = D.tdt_greedy(_Scripted(), x, torch.tensor([T]), durs)
+    assert hyp == [[1, 2]] and steps == [5]
+    # A token of duration 0, over and over: after max_symbols emissions it moves on.
+    x = torch.zeros(1, 2, 8, C + len(durs))
+    x[0, :, :] = _row(C, 5, 1, 0)
+    hyp, steps = D.tdt_greedy(_Scripted(), x, torch.tensor([2]), durs, max_symbols=3)
+    assert hyp == [[1] * 6] and steps == [6]
+
+
+def test_rnnt_greedy_steps_on_a_script():
+    C = 3
+    x = torch.zeros(1, 3, 4, C)
+    x[0, 0, 0, 1] = 1  # frame 0: emit 1, then (n = 1) blank
+    x[0, 0, 1, 0] = 1
+    x[0, 1, 1, 0] = 1  # frame 1: blank
+    x[0, 2, 1, 2] = 1  # frame 2: emit 2, emit 1, blank
+    x[0, 2, 2, 1] = 1
+    x[0, 2, 3, 0] = 1
+    hyp, steps = D.rnnt_greedy_steps(_Scripted(), x, torch.tensor([3]))
+    assert hyp == [[1, 2, 1]] and steps == [2 + 1 + 3]
+    assert D.rnnt_greedy(_Scripted(), x, torch.tensor([3])) == hyp
+
+
+def test_tiny_tdt_model_trains_with_tdt_loss():
+    torch.manual_seed(0)
+    model = D.TinyTDT()
+    b = D.make_batch(4, torch.Generator().manual_seed(0))
+    logits = model(b.x, b.targets)
+    assert logits.shape == (*b.x.shape[:2], b.targets.shape[1] + 1,
+                            D.NUM_CLASSES + len(D.TDT_DURATIONS))
+    loss = seqloss.tdt_loss(logits, b.targets, b.input_lengths, b.target_lengths,
+                            model.durations, blank=D.BLANK)
+    loss.backward()
+    assert math.isfinite(float(loss.detach())) and model.out.weight.grad.abs().sum() > 0
+
+
+def test_demo_reports_tdt_steps(tmp_path):
+    from seqloss.demo.run import run_demo
+
+    console = Console(record=True, width=200)
+    threads = torch.get_num_threads()
+    numba = pytest.importorskip("numba")
+    nthreads = numba.get_num_threads()
+    try:
+        assert run_demo(steps=2, out=str(tmp_path), console=console) == 0
+    finally:  # the demo runs single-threaded; later tests in this process do not
+        torch.set_num_threads(threads)
+        numba.set_num_threads(nthreads)
+    text = console.export_text()
+    assert "TDT loss (per label) falling" in text and "steps per frame" in text
+    assert "TDT decodes in" in text and "where RNN-T takes" in text

@@ -1,4 +1,8 @@
-"""seqloss.diagnose: feasibility counts, non-finite locations, gradients, reports."""
+"""seqloss.diagnose: feasibility counts, non-finite locations, gradients, reports.
+
+The per-sequence values it reports for multi-blank RNN-T, TDT and HAT are checked
+against path enumeration (``seqloss.testing.brute_force_lattice``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import torch
 
 import seqloss
 from seqloss.diagnose import Diagnosis
+from seqloss.testing import brute_force_lattice
 
 NAN, INF = float("nan"), float("inf")
 
@@ -180,3 +185,145 @@ def test_diagnose_transducers_take_column_lengths(kind):
     col = seqloss.diagnose(kind, x, tg, il[:, None], tl[:, None], *extra)
     assert [(s.frames, s.target_length) for s in col.sequences] == [(3, 2), (2, 1)]
     assert col.to_dict()["sequences"] == flat.to_dict()["sequences"]
+
+
+# ------------------------------------------------------------------ multi-blank, TDT, HAT
+TDT_DURS = [0, 1, 2, 3, 4]
+
+
+def _oracle(x, tg, il, tl, blank_arcs, emit_arcs, dur=None):
+    """Per-sequence loss and the largest |d loss_b / d input| by enumerating every path.
+
+    ``blank_arcs``: (token, duration, duration_logit or None); ``emit_arcs``:
+    (duration, duration_logit or None); ``dur``: duration logits (TDT) or None.
+    """
+    parts = [x.detach().double().requires_grad_()]
+    if dur is not None:
+        parts.append(dur.detach().double().requires_grad_())
+    losses, gmax = [], []
+    for b in range(x.shape[0]):
+        Tb, U = int(il[b]), int(tl[b])
+        lp = parts[0][b, :Tb, : U + 1].log_softmax(-1)  # what sequence b reads
+        ld = parts[1][b, :Tb, : U + 1].log_softmax(-1) if dur is not None else None
+        y = torch.cat([tg[b, :U], tg.new_zeros(1)])
+        ye = lp.gather(2, y[None, :, None].expand(lp.shape[0], -1, 1))[..., 0]
+        ab = torch.stack([lp[..., k] + (0 if j is None else ld[..., j])
+                          for k, _, j in blank_arcs], -1)
+        ae = torch.stack([ye + (0 if j is None else ld[..., j]) for _, j in emit_arcs], -1)
+        ll = brute_force_lattice(ab, ae, Tb, U, tuple(d for _, d, _ in blank_arcs),
+                                 tuple(d for d, _ in emit_arcs))
+        loss = -ll
+        losses.append(float(loss.detach()))
+        if math.isfinite(losses[-1]):
+            gs = torch.autograd.grad(loss, parts, allow_unused=True, materialize_grads=True)
+            gmax.append(max(float(g.abs().max()) for g in gs))
+        else:
+            gmax.append(0.0)
+    return losses, gmax
+
+
+def _mb_arcs(V, durs):
+    blank = V - 1
+    return [(blank, 1, None)] + [(blank - 1 - i, d, None) for i, d in enumerate(durs)], [(0, None)]
+
+
+def _tdt_arcs(V, durs):
+    blanks = [(V - 1, d, k) for k, d in enumerate(durs) if d > 0]
+    return blanks, [(d, k) for k, d in enumerate(durs)]
+
+
+def test_diagnose_multiblank_against_brute_force():
+    g = torch.Generator().manual_seed(3)
+    B, T, U, V = 3, 5, 2, 7
+    durs = [2, 3]
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    x[1, 3, 0, V - 3] = NAN  # big blank 1 (duration 3) of sequence 1
+    x[0, 4, 2, 0] = NAN  # past sequence 0's 4 frames: never read
+    tg = torch.randint(0, V - 3, (B, U), generator=g)
+    il, tl = torch.tensor([4, 5, 0]), torch.tensor([2, 1, 2])
+    r = seqloss.diagnose("multiblank", x, tg, il, tl, durs, sigma=0.0)
+    want_l, want_g = _oracle(x, tg, il, tl, *_mb_arcs(V, durs))
+    s0, s1, s2 = r.sequences
+    assert s0.status == "ok" and s0.nonfinite is None
+    assert s0.loss == pytest.approx(want_l[0], rel=1e-10)
+    assert s0.grad_max == pytest.approx(want_g[0], rel=1e-6)  # reported in float32
+    assert (s1.nonfinite.frame, s1.nonfinite.u, s1.nonfinite.cls) == (3, 0, V - 3)
+    assert s1.status == "nonfinite" and math.isnan(s1.loss)
+    assert s2.status == "infeasible" and s2.loss == INF and s2.grad_max == 0.0
+    assert "zero frames" in s2.verdict
+    assert r.blank == V - 1 and r.kind == "multiblank"
+    assert r.extra["big_blank_durations"] == durs
+    assert r.extra["big_blank_classes"] == [V - 2, V - 3]  # NeMo: blank - 1 - i
+    d = r.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["big_blank_classes"] == [V - 2, V - 3]
+    assert "big blank durations [2, 3]" in str(r).splitlines()[0]
+
+
+@pytest.mark.parametrize("layout", ["concatenated", "pair"])
+def test_diagnose_tdt_against_brute_force(layout):
+    g = torch.Generator().manual_seed(5)
+    B, T, U, V = 3, 5, 2, 5
+    D_ = len(TDT_DURS)
+    tok = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    dur = torch.randn(B, T, U + 1, D_, generator=g, dtype=torch.float64)
+    dur[1, 2, 1, 3] = INF  # duration logit 3 (3 frames) of sequence 1
+    tok[2, 4, 0, 1] = NAN  # past sequence 2's 4 frames: never read
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    il, tl = torch.tensor([5, 4, 4]), torch.tensor([2, 2, 1])
+    logits = torch.cat([tok, dur], -1) if layout == "concatenated" else (tok, dur)
+    r = seqloss.diagnose("tdt", logits, tg, il, tl, TDT_DURS)
+    want_l, want_g = _oracle(tok, tg, il, tl, *_tdt_arcs(V, TDT_DURS), dur=dur)
+    s0, s1, s2 = r.sequences
+    for s, b in ((s0, 0), (s2, 2)):
+        assert s.status == "ok" and s.nonfinite is None
+        assert s.loss == pytest.approx(want_l[b], rel=1e-10)
+        assert s.grad_max == pytest.approx(want_g[b], rel=1e-6)  # reported in float32
+    nf = s1.nonfinite
+    assert (nf.value, nf.frame, nf.u, nf.cls, nf.block) == ("+inf", 2, 1, 3, "duration")
+    assert "duration class 3" in s1.verdict and math.isnan(s1.loss)
+    assert r.blank == V - 1 and r.shape == (B, T, U + 1, V + D_)
+    assert r.extra["durations"] == TDT_DURS and r.extra["logits_layout"] == layout
+    assert json.loads(json.dumps(r.to_dict(), allow_nan=False))["sequences"][1]["nonfinite"][
+        "block"] == "duration"
+
+
+def test_diagnose_tdt_passes_the_variant_arguments():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 4, 3, 4 + 3, generator=g, dtype=torch.float64)
+    tg, il, tl = torch.tensor([[1, 2], [0, 1]]), [4, 3], [2, 2]
+    r = seqloss.diagnose("tdt", x, tg, il, tl, [0, 1, 2], sigma=0.05, omega=0.25,
+                         zero_infinity=True)
+    want = seqloss.tdt_loss(x, tg, il, tl, [0, 1, 2], sigma=0.05, omega=0.25, reduction="none")
+    assert [s.loss for s in r.sequences] == pytest.approx(want.tolist(), rel=1e-12)
+    assert r.extra == {"durations": [0, 1, 2], "logits_layout": "concatenated",
+                       "sigma": 0.05, "omega": 0.25}
+    assert r.zero_infinity
+    with pytest.raises(seqloss.InputError, match="did you mean 'durations'"):
+        seqloss.diagnose("tdt", x, tg, il, tl, duration=[0, 1, 2])
+
+
+def test_diagnose_hat_against_brute_force():
+    from seqloss.testing.oracles import brute_force_lattice
+
+    g = torch.Generator().manual_seed(5)
+    B, T, U, V = 3, 4, 2, 6
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    x[1, 2, 1, 0] = NAN  # a label class read by sequence 1
+    x[0, 3, 0, 2] = NAN  # past sequence 0's 3 frames: never read
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    il, tl = torch.tensor([3, 4, 0]), torch.tensor([2, 1, 2])
+    r = seqloss.diagnose("hat", x, tg, il, tl)
+    # The oracle: HAT's arcs written out here, every path listed.
+    zb = x[..., V - 1]
+    lab = torch.log_softmax(x[..., : V - 1], -1) + torch.nn.functional.logsigmoid(-zb)[..., None]
+    ab = torch.nn.functional.logsigmoid(zb)[..., None]
+    ae = lab.gather(-1, torch.cat([tg, tg[:, :1]], 1)[:, None, :, None].expand(B, T, U + 1, 1))
+    want0 = -float(brute_force_lattice(ab[0], ae[0], 3, 2, (1,), (0,)))
+    s0, s1, s2 = r.sequences
+    assert s0.status == "ok" and s0.loss == pytest.approx(want0, rel=1e-10)
+    assert s0.min_log_prob == pytest.approx(float(torch.minimum(
+        lab[0, :3].min(), ab[0, :3].min())), rel=1e-12)
+    assert s1.status == "nonfinite" and (s1.nonfinite.frame, s1.nonfinite.u) == (2, 1)
+    assert s2.status == "infeasible" and s2.loss == INF and s2.grad_max == 0.0
+    assert r.kind == "hat" and r.blank == V - 1

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seqloss import InputError
 from seqloss._core.distributed import distributed_mean
@@ -290,3 +292,27 @@ def test_under_torch_compile():
 def test_input_errors(losses, weights, err, match):
     with pytest.raises(err, match=match):
         distributed_mean(losses, weights)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 6), kind=st.sampled_from(["none", "int", "float", "list", "zeros"]),
+       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16))
+def test_property_single_process_is_sum_over_sum(n, kind, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    losses = (torch.rand(n, generator=g, dtype=torch.float64) * 10).to(dtype).requires_grad_()
+    w = {"none": None,
+         "int": torch.randint(0, 5, (n,), generator=g),
+         "float": torch.rand(n, generator=g, dtype=torch.float64) * 3,
+         "list": [float(v) for v in torch.randint(0, 4, (n,), generator=g)],
+         "zeros": torch.zeros(n, dtype=torch.int64)}[kind]
+    W = float(n) if w is None else float(torch.as_tensor(w, dtype=torch.float64).sum())
+    W = W if W > 0 else 1.0  # "mean_volume"'s rule: no weight divides by 1
+    got = distributed_mean(losses, w)
+    assert got.dtype == dtype and got.dim() == 0
+    want = losses.detach().double().sum() / W
+    torch.testing.assert_close(got.double(), want, rtol=1e-6 if dtype == torch.float32 else 1e-12,
+                               atol=1e-7)
+    if n:
+        (gl,) = torch.autograd.grad(got, losses)
+        torch.testing.assert_close(gl.double(), torch.full((n,), 1 / W, dtype=torch.float64),
+                                   rtol=1e-6, atol=0)

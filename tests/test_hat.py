@@ -373,6 +373,14 @@ def test_opcheck(backend, reduction):
     torch.library.opcheck(table_loss_op, args)
 
 
+def test_hat_loss_blank_is_the_only_class_but_one():
+    """V = 2: the label softmax has one class, so every emission is logsigmoid(-z_blank)."""
+    x = torch.randn(2, 3, 2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    tg, il, tl = torch.tensor([[0], [0]]), torch.tensor([3, 2]), torch.tensor([1, 0])
+    got = hat_loss(x, tg, il, tl, blank=1, reduction="none")
+    torch.testing.assert_close(got, _oracle(x, tg, il, tl, blank=1, reduction="none")[0])
+
+
 # ------------------------------------------------------------------ HAT as a joint table
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 

@@ -1,10 +1,11 @@
-"""Property tests of the recipe functions: HAT, arc log-probabilities, delay penalty,
-distributed_mean.
+"""Garbage where no sequence reads never reaches a result: property tests.
 
-Random shapes, lengths, dtypes and blank indices (negative ones included), garbage (NaN,
-``±inf``, huge values, out-of-range ids) everywhere a sequence does not read. Every oracle is
-written here, in float64, from the definitions in the API contract: an O(T*U) forward
-recursion over the RNN-T lattice, differentiated by autograd for the gradients.
+HAT (``hat_loss``, ``hat_loss_from_joint``), RNN-T's delay penalty and
+``transducer_arc_logprobs`` on random shapes, lengths, dtypes and blank indices (negative
+ones included), with garbage (NaN, ``±inf``, huge values, out-of-range ids) everywhere a
+sequence does not read: values and gradients match, padding gets a zero gradient. Every
+oracle is written here, in float64, from the definitions in the API contract: an O(T*U)
+forward recursion over the RNN-T lattice, differentiated by autograd for the gradients.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqloss
-from seqloss._core.distributed import distributed_mean
 from seqloss.transducer.arc_logprobs import transducer_arc_logprobs
 from seqloss.transducer.hat import hat_loss, hat_loss_from_joint
 
@@ -234,35 +234,3 @@ def test_arc_logprobs_against_float64_log_softmax(batch, chunk):
     assert gx.dtype == x.dtype and torch.isfinite(gx).all()
     assert torch.all(gx[~read] == 0), "padding got a gradient"
     torch.testing.assert_close(gx.double()[read], gw[read], rtol=gt, atol=gt)
-
-
-@PROPS
-@given(n=st.integers(0, 6), kind=st.sampled_from(["none", "int", "float", "list", "zeros"]),
-       dtype=st.sampled_from([torch.float32, torch.float64]), seed=st.integers(0, 2**16))
-def test_distributed_mean_single_process_is_sum_over_sum(n, kind, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    losses = (torch.rand(n, generator=g, dtype=torch.float64) * 10).to(dtype).requires_grad_()
-    w = {"none": None,
-         "int": torch.randint(0, 5, (n,), generator=g),
-         "float": torch.rand(n, generator=g, dtype=torch.float64) * 3,
-         "list": [float(v) for v in torch.randint(0, 4, (n,), generator=g)],
-         "zeros": torch.zeros(n, dtype=torch.int64)}[kind]
-    W = float(n) if w is None else float(torch.as_tensor(w, dtype=torch.float64).sum())
-    W = W if W > 0 else 1.0  # "mean_volume"'s rule: no weight divides by 1
-    got = distributed_mean(losses, w)
-    assert got.dtype == dtype and got.dim() == 0
-    want = losses.detach().double().sum() / W
-    torch.testing.assert_close(got.double(), want, rtol=1e-6 if dtype == torch.float32 else 1e-12,
-                               atol=1e-7)
-    if n:
-        (gl,) = torch.autograd.grad(got, losses)
-        torch.testing.assert_close(gl.double(), torch.full((n,), 1 / W, dtype=torch.float64),
-                                   rtol=1e-6, atol=0)
-
-
-def test_hat_loss_blank_is_the_only_class_but_one():
-    """V = 2: the label softmax has one class, so every emission is logsigmoid(-z_blank)."""
-    x = torch.randn(2, 3, 2, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    tg, il, tl = torch.tensor([[0], [0]]), torch.tensor([3, 2]), torch.tensor([1, 0])
-    got = hat_loss(x, tg, il, tl, blank=1, reduction="none")
-    torch.testing.assert_close(got, _hat_oracle(x, tg, il, tl, 1, 0.0))
