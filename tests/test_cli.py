@@ -215,7 +215,7 @@ def test_bench_small_prints_table(tmp_path):
     assert d["machine"]["torch"] == torch.__version__
     pairs = d["ctc"]["pairs"]
     assert pairs and all(p["ratio"] > 0 and p["peer"].startswith("torch") for p in pairs)
-    # the spread behind every median, and what the timings depend on (issue 25, item 6)
+    # the spread behind every median, and what the timings depend on
     assert "threads: 2, OMP_WAIT_POLICY:" in r.stdout
     for row in d["ctc"]["rows"]:
         ts = row["times_ms"]

@@ -736,7 +736,7 @@ def _oracle_smoothed_mp(lm, am, symbols, term, boundary, rnnt_type, ls, as_):
 @pytest.mark.parametrize("rnnt_type", TYPES)
 @pytest.mark.parametrize("scales", [(0.1, 0.1), (0.0, 0.25)])
 def test_smoothed_unigram_does_not_underflow_in_float32(rnnt_type, scales):
-    # issue 22's case: the termination symbol's LM probability exp(-110) is 0 in float32,
+    # the termination symbol's LM probability exp(-110) is 0 in float32,
     # so a probability-domain unigram gives log 0 on every termination arc
     lm = torch.tensor([[[-110.0, 0.0, 0.0], [-110.0, 0.0, 0.0]]])
     am = torch.zeros(1, 3, 3)
@@ -828,8 +828,8 @@ def fast_rnnt_prune_ranges(px_grad, py_grad, boundary, s_range):
 
 @pytest.mark.parametrize("joiner", ["additive", "tanh"])
 def test_pruned_window_too_small_is_widened_as_fast_rnnt(joiner):
-    # issue 22's case: one frame, three symbols, s_range = 2 -- fast_rnnt widens the
-    # window to every position (11.84 on the issue's inputs), seqloss gave +inf
+    # one frame, three symbols, s_range = 2: fast_rnnt widens the window to every
+    # position (11.84 on its inputs); a window kept at 2 would give +inf
     am, lm, sym = _inputs(B=1, T=1, S=3, C=10, seed=33)
     sym = torch.tensor([[1, 2, 3]])
     bnd = torch.tensor([[0, 0, 3, 1]])
@@ -1114,8 +1114,8 @@ def test_zero_infinity_zeroes_returned_occupations_of_overflowed_sequence(loss_n
         assert not gm[0].any()
 
 
-def test_zero_infinity_occupations_issue_reproducer():
-    # issue 22's case: empty target, every termination arc at finfo.min: loss 0, py_grad 1
+def test_zero_infinity_occupations_of_an_empty_target_at_finfo_min():
+    # empty target, every termination arc at finfo.min: loss 0, py_grad 1
     am = torch.zeros(1, 3, 3)
     am[0, :, 0] = torch.finfo(torch.float32).min
     empty = torch.zeros(1, 0, dtype=torch.int64)

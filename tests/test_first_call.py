@@ -1,4 +1,4 @@
-"""The first call on a fresh Numba cache (issue 25): a generous bound, run on request.
+"""The first call on a fresh Numba cache: a generous bound on its CPU time, run on request.
 
 Compiling takes seconds of CPU, so CI does not run it: ``SEQLOSS_SLOW_TESTS=1`` does.
 The figures per entry point come from ``benchmarks/bench_first_call.py``.

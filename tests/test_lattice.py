@@ -291,7 +291,7 @@ def _dead_oracle(ab, ae, T, U, bd, ed, can):
 
 @pytest.mark.parametrize("backend", ["reference", "numba", "triton"])
 def test_nan_on_an_arc_into_a_dead_end_gets_zero_gradient(backend):
-    """The issue's case: T = U = 1; the blank out of (0, 0) lands on (1, 0), from which
+    """T = U = 1: the blank out of (0, 0) lands on (1, 0), from which
     the end (1, 1) is unreachable (no emission lands on the last frame)."""
     ab = torch.tensor([[[[NAN], [-0.7]]]], dtype=torch.float64)
     ae = torch.tensor([[[[-0.3], [-0.2]]]], dtype=torch.float64)

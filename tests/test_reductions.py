@@ -1,4 +1,4 @@
-"""Every reduction name on every public loss, against its formula (issue 25, item 1).
+"""Every reduction name on every public loss, against its formula.
 
 The formulas are written here from API.md, applied to the same loss's ``"none"``
 output (value, and the gradient through autograd of the formula), so the reduction

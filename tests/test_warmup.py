@@ -1,4 +1,4 @@
-"""``seqloss warmup`` (issue 25, item 2): it fills Numba's cache for the public entry points.
+"""``seqloss warmup``: it fills Numba's cache for the public entry points.
 
 The end-to-end check compiles from scratch (minutes of CPU), so CI does not run it:
 ``SEQLOSS_SLOW_TESTS=1`` does, as for ``tests/test_first_call.py``.
