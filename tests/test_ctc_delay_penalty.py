@@ -285,16 +285,30 @@ def test_large_penalty_long_input(ctc_backend, sign, dtype):
                         what="grad")
 
 
-def test_large_penalty_leaves_numba_fast_path():
+@pytest.mark.parametrize("logits", ["randn", "uniform", "peaky"])
+def test_large_penalty_numba_paths(logits):
+    """A penalty spreads a frame's states apart: by up to |dp| T^2 / 8 nats between state 0
+    and the rest (uniform logits), |dp| (T - 1) / 2 between neighbouring labels. The fast
+    path keeps the sequence while a label's spread fits a block (narrower blocks; states
+    that fall out of float64's range below their block's maximum are dropped, and the
+    check on every frame's sum proves that exact); past that, the extended path. Either
+    way the result is torch's float64 CTC on the penalized log-probabilities."""
     nk = pytest.importorskip("seqloss.ctc.numba_cpu")
-    x, tg = _batch(600, 1, 5, 10, seed=8)
+    T, S = 600, 10
+    x, tg = _batch(T, 2, 5, S, seed=8)
+    if logits == "uniform":
+        x = torch.zeros_like(x)
+    elif logits == "peaky":
+        x = 2 * x
+        x[..., 0] += 8.0
     x = x.log_softmax(-1)
-    il, tl = torch.tensor([600]), torch.tensor([10])
-    for dp, path in ((0.003, "fast"), (0.5, "extended")):
+    il, tl = torch.tensor([T, T - 50]), torch.tensor([S, S - 2])
+    # 0.5 T^2 / 8 = 22500 nats of spread, 150 nats between neighbouring labels
+    for dp, path in ((0.003, "fast"), (0.5, "fast"), (-0.5, "fast"), (5.0, "extended")):
         status: list[str] = []
         loss, grad = nk.ctc_loss_forward(x, tg, il, tl, 0, False, True, delay_penalty=dp,
                                          _status=status)
-        assert status == [path]
+        assert status == [path, path], dp
         want, want_g = torch_oracle(x, tg, il, tl, 0, dp, False)
         assert_close_budget(loss, want, rtol=1e-11, what="loss")
         assert_close_budget(grad, want_g, rtol=0.0, atol=1e-10, what="grad")
@@ -345,6 +359,23 @@ def test_property_against_brute_force(T, C, S, dp, blank_last, seed):
     for backend in ("reference", "numba"):
         got = ctc_loss(lp, tg, il, tl, blank, "none", delay_penalty=dp, backend=backend)
         assert_close_budget(got, want, rtol=1e-10, atol=1e-10, what=backend)
+
+
+@settings(max_examples=10, deadline=None)
+@given(T=st.integers(40, 400), S=st.integers(1, 12), dp=st.floats(-2.0, 2.0, allow_nan=False),
+       scale=st.sampled_from([0.0, 1.0, 4.0]), seed=st.integers(0, 2**16))
+def test_property_numba_any_penalty_against_torch(T, S, dp, scale, seed):
+    """Whatever path the penalty sends a sequence down (blocks narrowed, states dropped,
+    the extended path), the result is torch's float64 CTC on penalized log-probabilities."""
+    x, tg = _batch(T, 2, 6, S, seed=seed, scale=scale)
+    lp = x.log_softmax(-1)
+    il, tl = torch.tensor([T, max(T - 7, S)]), torch.tensor([S, max(S - 1, 0)])
+    want, want_g = torch_oracle(lp, tg, il, tl, 0, dp, False)
+    xin = lp.clone().requires_grad_()
+    got = ctc_loss(xin, tg, il, tl, 0, "none", delay_penalty=dp, backend="numba")
+    (grad,) = torch.autograd.grad(got.sum(), xin)
+    assert_close_budget(got, want, rtol=1e-10, atol=1e-10, what="loss")
+    assert_close_budget(grad, want_g, rtol=0.0, atol=1e-9, what="grad")
 
 
 # ------------------------------------------------------------------ cost

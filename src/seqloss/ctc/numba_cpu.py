@@ -30,13 +30,17 @@ The batch runs on a thread pool (GIL-free Numba functions); per sequence:
    gathered per label and subtracted from the gradient row.
 
 Exactness. The probability domain is exact (to float64 rounding) as long as
-no nonzero quantity falls below float64's normal range, so every product and
-every rescaled state is checked: an emission more than 708 nats below its
-frame's best label, a product ``w * e``, a rescaled state or a state fed by
-a neighbour block below ``2**-1020`` while its inputs are nonzero, two
-neighbouring blocks more than ``2**1000`` apart, a frame whose
-``sum(alpha * beta')`` (relative to its largest block exponent) is below
-``2**-1000``, or a zero likelihood, sends the sequence to the
+no quantity that matters falls below float64's normal range. A state that falls
+more than ``2**-900`` below its block's maximum (or under ``TINY`` in a product while
+the block's maximum stays above ``DROP_MAX``) is dropped: every state of a block
+shares its ``beta'`` exponent, so the mass of the paths through a dropped state is
+below ``2**-898`` of the frame's largest block product, and each frame's
+``sum(alpha * beta')`` (relative to that product) must stay above ``Z_MIN = 2**-600``:
+each drop is below ``2**-298`` of the likelihood, far under its rounding. A
+failed check -- an emission more than 708 nats below its frame's best label, an
+underflow in a block whose maximum is itself below ``DROP_MAX``, two neighbouring
+blocks more than ``2**1000`` apart, a frame sum below ``Z_MIN``, or a zero
+likelihood -- sends the sequence to the
 extended-range path (``_ctc_ext_one``: a mantissa and an int64 exponent per
 value, exact for any finite input), and a non-finite input on to the
 log-space kernel (``_ctc_log_one``, libm ``exp``/``log`` per state, guarded
@@ -47,10 +51,13 @@ stay on the fast path.
 Delay penalty (``dp``, k2's): every label's log-probability at frame ``t`` gains
 ``dp * ((T_b - 1) / 2 - t)`` (the blank's does not) where the emissions are formed,
 in every path. It spreads the states of a frame apart, by up to about
-``|dp| T_b**2 / 8`` nats (e.g. the all-blank state 0 against the others at mid-sequence
-when ``dp > 0``), and once that passes float64's range the fast path's range checks
-send the sequence to the extended-range path: the result stays exact, at that path's
-cost (``dp = 0.01`` at ``T_b = 500`` stays on the fast path, ``0.05`` leaves it).
+``|dp| T_b**2 / 8`` nats (state 0 against the others at mid-sequence when ``dp > 0``
+and uniform logits; the last two states in ``beta'``), which the dropping above
+absorbs (those states carry no mass), and neighbouring labels by up to
+``|dp| (T_b - 1) / 2`` nats, which narrower blocks absorb (a block holds at most
+``DP_BLOCK_NATS`` of it; down to one label). Past two blocks' worth for one label
+(``|dp| (T_b - 1) > 1536``: ``dp = 1.6`` at ``T_b = 1000``) the sequence takes the
+extended path directly.
 
 Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
 a callee's code into every caller and optimizes and emits it again there, and its IR
@@ -102,9 +109,15 @@ INF = np.inf
 # Smallest value a nonzero state or product may take: float64's normal range
 # (2**-1022) with two bits of headroom.
 TINY = 2.0**-1020
-# Smallest admissible frame sum of alpha_hat * beta_hat': each product that
-# underflows costs at most 2**-1074 absolute, i.e. <= K * 2**-74 relative.
-Z_MIN = 2.0**-1000
+# Smallest admissible frame sum of alpha_hat * beta_hat' (relative to its largest block
+# exponent): a dropped state's paths (below 2**-898 of that, see "Exactness") are then
+# below 2**-298 of the likelihood.
+Z_MIN = 2.0**-600
+# A state below DROP times its block's maximum is dropped (stored as an exact 0: no
+# subnormal arithmetic on it later); one that underflows in a product is dropped only
+# while the block's maximum (before rescaling) is at least DROP_MAX.
+DROP = 2.0**-900
+DROP_MAX = 2.0**-100
 # _exp returns 0 below this (exp(-708) ~ 3.3e-308 is still a normal number).
 EXP_MIN = -708.0
 
@@ -473,6 +486,8 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, dp, compute_grad, gr
 BSH = 4
 BSH_LONG = 2
 LONG_T = 4096
+# Nats of delay-penalty spread a block of labels may hold (see _ctc_fast_one).
+DP_BLOCK_NATS = 384.0
 KZ = -(1 << 40)
 _LN2 = 0.6931471805599453
 
@@ -546,17 +561,18 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
         kl = KA[p, j - 1] if j > 0 else KZ
         kj = KA[p, j] if KA[p, j] != KZ else (kl if kl != KZ else 0)
         f = 0.0
+        m = 0.0
+        nuf = 0
         if kl != KZ:
             nbad += (kl - kj) > 1000
             f = _p2(kl - kj)
-        m = 0.0
         a0 = max(ie0, base)
         a1 = min(ie1, base + bw - 1)
         if a0 == 0 and a1 >= 0:
             w = AE[p, 0]
             v = w * eb
             AE[r, 0] = v
-            nbad += (w > 0.0) & (eb > 0.0) & (v < TINY)
+            nuf += (w > 0.0) & (eb > 0.0) & (v < TINY)
             m = max(m, v)
             a0 = 1
         for i in range(a0, a1 + 1):
@@ -564,7 +580,7 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
             w = AE[p, i] + po * (f if i == base else 1.0)
             v = w * eb
             AE[r, i] = v
-            nbad += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
+            nuf += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
             m = max(m, v)
         b0 = max(io0, base)
         b1 = min(io1, base + bw - 1)
@@ -573,7 +589,7 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
             e = E[r, 1]
             v = w * e
             AO[r, 0] = v
-            nbad += (w > 0.0) & (e > 0.0) & (v < TINY)
+            nuf += (w > 0.0) & (e > 0.0) & (v < TINY)
             m = max(m, v)
             b0 = 1
         for i in range(b0, b1 + 1):
@@ -582,22 +598,21 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
             e = E[r, i + 1]
             v = w * e
             AO[r, i] = v
-            nbad += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
+            nuf += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
             m = max(m, v)
+        # A state that underflowed (nuf) is dropped: exact while the block's max is far
+        # above it (see DROP_MAX); with the block's max itself that small, it is not.
+        nbad += (nuf > 0) & (m < DROP_MAX)
         if m > 0.0:
             ex_ = _expo(m)
             sc = _p2(-ex_)
             KA[r, j] = kj + ex_
             for i in range(max(ie0, base), a1 + 1):
-                v = AE[r, i]
-                u = v * sc
-                AE[r, i] = u
-                nbad += (v > 0.0) & (u < TINY)
+                u = AE[r, i] * sc
+                AE[r, i] = u if u >= DROP else 0.0
             for i in range(max(io0, base), b1 + 1):
-                v = AO[r, i]
-                u = v * sc
-                AO[r, i] = u
-                nbad += (v > 0.0) & (u < TINY)
+                u = AO[r, i] * sc
+                AO[r, i] = u if u >= DROP else 0.0
     for s in range(hi + 1, min(hi + 3, K)):
         if s % 2 == 0:
             AE[r, s // 2] = 0.0
@@ -709,6 +724,14 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     K = 2 * Lb + 1
     no = max(Lb, 1)
     bsh = BSH if Tb <= LONG_T else BSH_LONG
+    # A delay penalty moves neighbouring labels up to |dp| (T_b - 1) / 2 nats apart: blocks
+    # narrow enough that a block's spread stays well inside float64's range; past what one
+    # label a block can hold, the extended path (a fast attempt would fail on the way).
+    spread = abs(dp) * (Tb - 1) * 0.5
+    if spread > 2.0 * DP_BLOCK_NATS:
+        return FALLBACK
+    while bsh > 0 and (1 << bsh) * spread > DP_BLOCK_NATS:
+        bsh -= 1
     bw = 1 << bsh
     nb = (nl + bw - 1) >> bsh
     S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
@@ -817,17 +840,18 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             # emission-inclusive beta at t over the band of t, then beta' at t - 1
             eb = E[r, 0]
             nbad = 0
+            nuf = 0
             for i in range(ie0, ie1 + 1):
                 bv = be[i]
                 v = bv * eb
                 ie_[i] = v
-                nbad += (bv > 0.0) & (eb > 0.0) & (v < TINY)
+                nuf += (bv > 0.0) & (eb > 0.0) & (v < TINY)
             for i in range(io0, io1 + 1):
                 bv = bo[i]
                 e = E[r, i + 1]
                 v = bv * e
                 io_[i] = v
-                nbad += (bv > 0.0) & (e > 0.0) & (v < TINY)
+                nuf += (bv > 0.0) & (e > 0.0) & (v < TINY)
             KB2[:] = KZ
             lo = max(0, K - 2 * (Tb - t + 1))
             hi = min(K - 1, 2 * t - 1)
@@ -857,22 +881,21 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
                     po = ie_[i + 1] + (sk[i + 1] * io_[i + 1] if i + 1 < Lb else 0.0)
                     v = io_[i] + po * (f if i == top else 1.0)
                     bo2[i] = v
-                    nbad += (po > 0.0) & (v < TINY)
+                    nuf += (po > 0.0) & (v < TINY)
                     m = max(m, v)
+                # underflows dropped as in _fast_alpha_step (conservatively: any of the
+                # frame's products against each block's max)
+                nbad += (nuf > 0) & (m < DROP_MAX)
                 if m > 0.0:
                     ex_ = _expo(m)
                     sc = _p2(-ex_)
                     KB2[j] = kj + ex_
                     for i in range(a0, a1 + 1):
-                        v = be2[i]
-                        u = v * sc
-                        be2[i] = u
-                        nbad += (v > 0.0) & (u < TINY)
+                        u = be2[i] * sc
+                        be2[i] = u if u >= DROP else 0.0
                     for i in range(b0, b1 + 1):
-                        v = bo2[i]
-                        u = v * sc
-                        bo2[i] = u
-                        nbad += (v > 0.0) & (u < TINY)
+                        u = bo2[i] * sc
+                        bo2[i] = u if u >= DROP else 0.0
             if nbad:
                 return FALLBACK
             be, be2 = be2, be
