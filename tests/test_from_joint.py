@@ -92,6 +92,39 @@ def test_rnnt_matches_materialized(chunk, reduction, tile_ops):
     _compare("rnnt", {}, chunk, reduction=reduction)
 
 
+@pytest.mark.parametrize("last", ["log_softmax", "relu", "linear"])
+@pytest.mark.parametrize("kind", ["rnnt", "mb"])
+def test_joint_whose_backward_reads_its_output(kind, last, tile_ops):
+    """The row passes write a tile's gradient over its logits only where the joint's
+    backward does not read them (a final matmul); a joint ending in ``log_softmax`` or
+    ``relu`` saves its output, which must reach its backward intact."""
+    joint, enc, pred, tg, Tl, tl = _case(V=9, seed=2)
+    fn = {"log_softmax": lambda z: torch.log_softmax(z, -1), "relu": torch.relu,
+          "linear": lambda z: z}[last]
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.joint = joint
+
+        def forward(self, e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+            return fn(self.joint(e, p))
+
+    wrapped = Wrapped()
+    kw = {"big_blank_durations": [2]} if kind == "mb" else {}
+    loss_fn = seqloss.multiblank_rnnt_loss if kind == "mb" else seqloss.rnnt_loss
+    from_joint = (seqloss.multiblank_rnnt_loss_from_joint if kind == "mb"
+                  else seqloss.rnnt_loss_from_joint)
+    for chunk in (9, 10**9):
+        ref = loss_fn(wrapped(enc, pred), tg, Tl, tl, reduction="sum", **kw)
+        got = from_joint(enc, pred, wrapped, tg, Tl, tl, reduction="sum", chunk_elements=chunk,
+                         **kw)
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9)
+        for a, b in zip(_grads(got, joint, enc, pred), _grads(ref, joint, enc, pred),
+                        strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.parametrize("chunk", [V, 2 * V * U1, 10**9])
 @pytest.mark.parametrize("kw", [{"clamp": 0.05}, {"fastemit_lambda": 0.3},
                                 {"blank": 0, "clamp": 0.1, "fastemit_lambda": 0.2}])

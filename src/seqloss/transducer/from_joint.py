@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -51,6 +52,15 @@ DEFAULT_CHUNK_ELEMENTS = 2**20
 backward's working set is about 16 bytes per logit, ~20 MiB). Measured at (B=8, T=150,
 U=40, H=256, V=1024): 2**20 costs the same time as 2**22 and 2**24 (the joint's
 matmuls dominate), with 20 MiB of peak against 71 and 191 MiB."""
+
+DEFAULT_CHUNK_ELEMENTS_ROWS = 2**21
+"""The default on CPU where the backend's row passes make each tile's gradient (the
+Numba backend, one softmax table without clamp: RNN-T, multi-blank; rows of at least
+``numba_rows.MIN_ROW_WIDTH`` classes), written over the logits where the joint's
+backward does not read them: 2 Mi logits, ~25 MiB of peak at (B=8, T=150, U=40, H=256,
+V=1024), 32 tiles against 2**20's 56. Each tile costs the joint's ~15 parallel regions
+and the row passes' pool, whose hand-offs to the other threads dominate the tiles' cost
+on a loaded 2-core machine."""
 
 DEFAULT_CHUNK_ELEMENTS_CUDA = 2**24
 """The default on CUDA: 16 Mi logits (64 MiB per float32 tile), large enough that a
@@ -454,7 +464,7 @@ def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Ten
     hb = _hat_blank(plan)
     rp = _row_passes(plan, x) if single and not D else None
     if rp is not None:
-        return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead)
+        return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead, logits)
     p = torch.empty(x.shape, dtype=acc, device=device)
     _minus_lse(p[..., :V], x[..., :V], plan.lz[sl])  # type: ignore[attr-defined]
     if D:
@@ -522,14 +532,36 @@ def _tile_masks(g: Tensor, tile: Tile, pad: _Pad | None, bad: Tensor,
     return g
 
 
+# The joint's last nodes whose backward does not read their output: a gradient may be
+# written over the logits (views of that output pass through).
+_OUT_UNSAVED = frozenset({"AddmmBackward0", "MmBackward0", "BmmBackward0", "BaddbmmBackward0",
+                          "AddBackward0", "CatBackward0"})
+_VIEWS = frozenset({"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
+
+
+def _overwritable(x: Tensor, logits: Tensor) -> bool:
+    """Whether the tile's gradient may be written over ``x`` (the logits in the
+    accumulation dtype): a copy of ours, or the logits themselves where the joint's
+    backward will not read them (its last op is a matmul, a sum, a concatenation, seen
+    through views; a joint ending in ``exp`` or ``log_softmax`` saves its output). Saves
+    a tile-sized buffer: 4 of the backward's ~12 bytes per logit."""
+    if not x.is_contiguous():
+        return False
+    if x.data_ptr() != logits.data_ptr():
+        return True  # a cast copy (the logits in float16/bfloat16)
+    fn = logits.grad_fn
+    while fn is not None and type(fn).__name__ in _VIEWS:
+        fn = fn.next_functions[0][0]
+    return fn is not None and type(fn).__name__ in _OUT_UNSAVED
+
+
 def _tile_grad_rows(plan: _Plan, tile: Tile, pad: _Pad | None, x: Tensor, rp: object,
-                    m: Tensor, bad: Tensor, bad_host: list[bool], dead: Tensor | None) -> Tensor:
+                    m: Tensor, bad: Tensor, bad_host: list[bool], dead: Tensor | None,
+                    logits: Tensor) -> Tensor:
     """``_tile_grad`` of one RNN-T-like table (one branch, no clamp, no durations; HAT's
     too) through the CPU backend's row passes: ``exp(x - max)`` written once, then scaled
     in place by ``occupation / sum`` minus the arcs' occupations (HAT: its epilogue;
     subnormals flushed there)."""
-    import numpy as np
-
     b0, b1, t0, t1, u0, u1 = tile
     br = plan.branches[0]
     sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
@@ -541,9 +573,10 @@ def _tile_grad_rows(plan: _Plan, tile: Tile, pad: _Pad | None, x: Tensor, rp: ob
     # row total, their sum, carries it too.
     ob = (br.occ_blank[sl] * f[..., None]).to(x.dtype)  # type: ignore[index]
     oe = (br.occ_emit[sl] * f).to(x.dtype)[..., None]  # type: ignore[index]
-    g = torch.empty(x.shape, dtype=x.dtype)
-    rp.prologue(g)  # type: ignore[attr-defined]
-    rp.epilogue(g, ob, oe, list(plan.blank_tokens), plan.targets[b0:b1, u0:u1], 1.0, 0.0,  # type: ignore[attr-defined]
+    # HAT's prologue writes no gradient over the logits (numba_rows): a buffer of its own
+    over = _hat_blank(plan) is None and _overwritable(x, logits)
+    g = x if over else torch.empty(x.shape, dtype=x.dtype)
+    rp.gradient(g, ob, oe, list(plan.blank_tokens), plan.targets[b0:b1, u0:u1], 1.0, 0.0,  # type: ignore[attr-defined]
                 1.0, np.zeros(b1 - b0, np.uint8), emit_last=True)
     return _tile_masks(g, tile, pad, bad, bad_host)
 
@@ -552,6 +585,19 @@ def _keep(grad: Tensor, keep: Tensor | None) -> Tensor:
     # masked_fill, not a product: a NaN sequence's copies hold NaN. Out of place: the
     # joint's backward may hand back an expanded (stride-0) gradient.
     return grad if keep is None else grad.masked_fill(~keep, 0.0)
+
+
+def _accumulate(acc: Tensor, g: Tensor) -> Tensor:
+    """``acc += g``; on CPU through numpy, on the calling thread: a parameter's gradient
+    (a weight of ~10**5-10**6 entries) is one parallel region per tile for torch, whose
+    hand-off to the OpenMP workers costs more than the sum on a loaded machine."""
+    if (acc.device.type == "cpu" and acc.dtype in (torch.float32, torch.float64)
+            and g.dtype == acc.dtype and g.shape == acc.shape and acc.is_contiguous()
+            and g.is_contiguous()):
+        a = acc.detach().numpy()
+        np.add(a, g.detach().numpy(), out=a)
+        return acc
+    return acc.add_(g)
 
 
 def push_tile(is_module: bool, logits: Tensor, g: Tensor, e_t: Tensor, p_u: Tensor,
@@ -580,7 +626,7 @@ def push_tile(is_module: bool, logits: Tensor, g: Tensor, e_t: Tensor, p_u: Tens
             k += 1
         for i, gi in zip(want, grads[k:], strict=True):
             if gi is not None:
-                gparams[i] = gi if gparams[i] is None else gparams[i].add_(gi)
+                gparams[i] = gi if gparams[i] is None else _accumulate(gparams[i], gi)
     else:
         # Any callable: whatever it closes over gets .grad as in
         # torch.utils.checkpoint's reentrant mode.
@@ -662,7 +708,7 @@ class _FromJoint(torch.autograd.Function):
 
 # --------------------------------------------------------------------------- entry
 def _setup(encoder_out: object, predictor_out: object, joint: object,
-           chunk_elements: object) -> tuple[Tensor, int, bool, list[Tensor]]:
+           chunk_elements: object) -> tuple[Tensor, int | None, bool, list[Tensor]]:
     """Checks of the two streams and the joint; the probe ``(1, 1, 1, W)`` logits."""
     checks.check_float_tensor(encoder_out, "encoder_out")
     checks.check_float_tensor(predictor_out, "predictor_out")
@@ -677,8 +723,7 @@ def _setup(encoder_out: object, predictor_out: object, joint: object,
     if not callable(joint):
         raise InputTypeError(f"joint must be callable (an nn.Module), got {type(joint).__name__}")
     if chunk_elements is None:
-        chunk = (DEFAULT_CHUNK_ELEMENTS_CUDA if encoder_out.device.type == "cuda"
-                 else DEFAULT_CHUNK_ELEMENTS)
+        chunk = None  # _default_chunk, once the table is known
     else:
         if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
             raise InputTypeError(f"chunk_elements must be an int or None, got "
@@ -701,10 +746,28 @@ def _setup(encoder_out: object, predictor_out: object, joint: object,
     return probe, chunk, is_module, params
 
 
-def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tensor, chunk: int,
+def _default_chunk(device: torch.device, backend: str, branches: list[_Branch], V: int,
+                   D: int) -> int:
+    """``chunk_elements=None``: see ``DEFAULT_CHUNK_ELEMENTS`` and its siblings."""
+    if device.type == "cuda":
+        return DEFAULT_CHUNK_ELEMENTS_CUDA
+    tb = branches[0].table
+    if (backend == "numba" and len(branches) == 1 and tb.clamp <= 0 and not D
+            and tb.num_durations == 0 and not tb.hat):
+        from .joint.numba_rows import MIN_ROW_WIDTH
+
+        if V >= MIN_ROW_WIDTH:
+            return DEFAULT_CHUNK_ELEMENTS_ROWS
+    return DEFAULT_CHUNK_ELEMENTS
+
+
+def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tensor,
+         chunk: int | None,
          is_module: bool, params: list[Tensor], fake: Tensor, tg: Tensor, il: Tensor,
          tl: Tensor, branches: list[_Branch], V: int, D: int, reduction: str,
          zero_infinity: bool, backend: str, validate: bool) -> Tensor:
+    if chunk is None:
+        chunk = _default_chunk(encoder_out.device, backend, branches, V, D)
     blank_tokens = tuple(dict.fromkeys(t for br in branches for t in br.table.blank_tokens))
     padded = transducer_values(fake, tg, il, tl, blank_tokens, validate=validate, num_tokens=V)
     B, T, U1 = fake.shape[:3]
@@ -920,6 +983,9 @@ _DOC = r"""
         chunk_elements: the most logits materialized at once (tiles hold whole class
             rows, so at least one row). ``None``: ``2**20`` on CPU (4 MiB of float32
             logits; ``seqloss.transducer.from_joint.DEFAULT_CHUNK_ELEMENTS``),
+            ``2**21`` where the CPU backend's row passes make the gradient (RNN-T,
+            multi-blank without clamp on rows of 512 classes and more:
+            ``DEFAULT_CHUNK_ELEMENTS_ROWS``, the gradient written over the logits),
             ``2**24`` on CUDA (``DEFAULT_CHUNK_ELEMENTS_CUDA``). A tile costs about
             four times its logits in the backward pass (the logits, their float32
             softmax/gradient, the joint's own temporaries), so choose it from the
@@ -978,5 +1044,5 @@ rnnt_loss_from_joint = eager_only(rnnt_loss_from_joint, _EAGER)
 multiblank_rnnt_loss_from_joint = eager_only(multiblank_rnnt_loss_from_joint, _EAGER)
 tdt_loss_from_joint = eager_only(tdt_loss_from_joint, _EAGER)
 
-__all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA",
+__all__ = ["DEFAULT_CHUNK_ELEMENTS", "DEFAULT_CHUNK_ELEMENTS_CUDA", "DEFAULT_CHUNK_ELEMENTS_ROWS",
            "multiblank_rnnt_loss_from_joint", "rnnt_loss_from_joint", "tdt_loss_from_joint"]

@@ -180,46 +180,94 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
     b = jb[job]
     if skip[b]:
         return
-    ub = ue[b]
-    Db = ob.shape[3]
-    De = oe.shape[3]
     obf = ob.reshape(-1)
     oef = oe.reshape(-1)
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
-    hi = clamp if clamp > 0 else np.inf
     wbuf = np.empty(4, g.dtype)  # in g's dtype: the row's products stay in its precision
     wbuf[3] = np.finfo(g.dtype).tiny
-    tiny = wbuf[3]
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
-            total = 0.0
-            for i in range(Db):
-                total += obf[k * Db + i]
-            oes = 0.0
-            if u < ub:
-                for j in range(De):
-                    oes += oef[k * De + j]
-                oes *= scale
-            total += oes
-            s = np.float64(rs[k])
-            wbuf[0] = total / s if s > 0 else 0.0
-            wbuf[1] = hi
-            wbuf[2] = gscale
-            w, h, sc = wbuf[0], wbuf[1], wbuf[2]
+            gr = g0 + t * gs0 + u * gs1
+            _row_grad(g[gr : gr + V], V, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
+                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, wbuf)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, wbuf):
+    """One row of ``_epilogue_job`` over its ``exp(x - m)`` in ``grow``, ``s`` its sum;
+    ``y``: the emission arcs' class, or -1 (no emission out of the row)."""
+    total = 0.0
+    for i in range(Db):
+        total += obf[k * Db + i]
+    oes = 0.0
+    if y >= 0:
+        for j in range(De):
+            oes += oef[k * De + j]
+        oes *= scale
+    total += oes
+    s64 = np.float64(s)
+    wbuf[0] = total / s64 if s64 > 0 else 0.0
+    wbuf[1] = clamp if clamp > 0 else np.inf
+    wbuf[2] = gscale
+    w, h, sc, tiny = wbuf[0], wbuf[1], wbuf[2], wbuf[3]
+    for v in range(V):
+        p = grow[v] * w
+        grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
+    for i in range(Db):
+        grow[cls[i]] -= obf[k * Db + i]
+    if y >= 0:
+        grow[y] -= oes
+    if clamp > 0 or gscale != 1.0:
+        for v in range(V):
+            grow[v] = min(max(grow[v], -h), h) * sc
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, ro, rst, ob, oe,
+              cls, tg, scale, clamp, gscale, skip, job):
+    """``_prologue_job`` (writing ``exp(x - m)``) and ``_epilogue_job`` fused, row by row:
+    the gradient of rows whose occupations are known (a backward that recomputes the
+    logits), one pool call and one pass over memory, each row's second pass in L1.
+    Same arithmetic, so the same values, as the two jobs in turn."""
+    b = jb[job]
+    if skip[b]:
+        return
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    obf = ob.reshape(-1)
+    oef = oe.reshape(-1)
+    zero = np.zeros(1, x.dtype)[0]
+    acc = np.empty(_LANES, x.dtype)
+    wbuf = np.empty(4, g.dtype)
+    wbuf[3] = np.finfo(g.dtype).tiny
+    for t in range(jt0[job], jt1[job]):
+        for u in range(ub1[b]):
             gr = g0 + t * gs0 + u * gs1
             grow = g[gr : gr + V]
-            for v in range(V):
-                p = grow[v] * w
-                grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
-            for i in range(Db):
-                grow[cls[i]] -= obf[k * Db + i]
-            if u < ub:
-                grow[tg[b, u]] -= oes
-            if clamp > 0 or gscale != 1.0:
+            s = zero
+            if same:  # one array (see _prologue_job)
+                m = _row_max(grow, V, acc)
+                if m == -np.inf:
+                    m = zero
                 for v in range(V):
-                    grow[v] = min(max(grow[v], -h), h) * sc
+                    e = _exp(grow[v] - m)
+                    grow[v] = e
+                    s += e
+            else:
+                xr = x0 + t * xs0 + u * xs1
+                xrow = x[xr : xr + V]
+                m = _row_max(xrow, V, acc)
+                if m == -np.inf:
+                    m = zero
+                for v in range(V):
+                    e = _exp(xrow[v] - m)
+                    grow[v] = e
+                    s += e
+            _row_grad(grow, V, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u, cls,
+                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, wbuf)
 
 
 # --------------------------------------------------------------------------- HAT
@@ -479,10 +527,7 @@ class RowPasses:
         jb, j0, j1, cost = self.jobs
         if not cost:
             return
-        tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
-        if tgn.ndim != 2 or tgn.shape[1] == 0:
-            tgn = np.zeros((len(self.Tl), 1), np.int64)
-        ue = self.ub1 if emit_last else own_lines(self.ub1 - 1)
+        tgn, ue = self._targets(tg, emit_last)
         if self.hat_blank >= 0:
             run_jobs(_hat_epilogue_job, (*self._addr(g), self.V, self.hat_blank, jb, j0, j1,
                                          self.ub1, ue, self.rs, self.ro, self.rst,
@@ -497,4 +542,33 @@ class RowPasses:
                                  ob.contiguous().numpy(), oe.contiguous().numpy(),
                                  own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
                                  float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
+                 range(len(cost)), order=cost)
+
+    def _targets(self, tg: torch.Tensor, emit_last: bool) -> tuple[np.ndarray, np.ndarray]:
+        tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
+        if tgn.ndim != 2 or tgn.shape[1] == 0:
+            tgn = np.zeros((len(self.Tl), 1), np.int64)
+        return tgn, (self.ub1 if emit_last else own_lines(self.ub1 - 1))
+
+    def gradient(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
+                 tg: torch.Tensor, scale: float, clamp: float, gscale: float,
+                 skip: np.ndarray, emit_last: bool = False) -> None:
+        """``prologue(g)`` then ``epilogue(g, ...)`` (same arguments) where the
+        occupations are known before the logits' pass: one fused pass (HAT: the two).
+        ``row_max``/``row_sum`` are not written."""
+        if self.hat_blank >= 0:
+            self.prologue(g)
+            self.epilogue(g, ob, oe, cls, tg, scale, clamp, gscale, skip, emit_last)
+            return
+        jb, j0, j1, cost = self.jobs
+        if not cost:
+            return
+        tgn, ue = self._targets(tg, emit_last)
+        xa = self._addr(self.x)
+        same = self._same(g)
+        ga = xa if same else self._addr(g)
+        run_jobs(_grad_job, (*xa, bool(same), *ga, self.V, jb, j0, j1, self.ub1, ue, self.ro,
+                             self.rst, ob.contiguous().numpy(), oe.contiguous().numpy(),
+                             own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
+                             float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
                  range(len(cost)), order=cost)
