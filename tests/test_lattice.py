@@ -363,3 +363,40 @@ def test_property_dead_arcs_never_reach_the_result(backend, case):
             torch.testing.assert_close(ll[b], want, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(ga[b], wa, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(ge[b], we, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("bd", "ed", "can"), DURATIONS)
+def test_band_with_nan_outside_against_reference(bd, ed, can):
+    """A pruned lattice with each duration set: the states of a band of 4 rows climbing
+    with t; the arcs that leave the band -inf, the arcs out of the states off it NaN
+    (never reached). The Numba sweep computes only the band's states, and must give
+    the float64 reference's values, and exactly 0 off the band."""
+    B, T, U = 3, 14, 9
+    ab, ae = _arcs(B, T, U, bd, ed, seed=7)
+    il, tl = [T, T - 1, T], [U, U, U - 3]
+    off = torch.zeros(B, T + 1, U + 2, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T + 1):
+            lo = (t * tl[b]) // il[b] - 1 if t <= il[b] else U + 2
+            off[b, t] = True
+            off[b, t, max(lo, 0):lo + 4] = False
+    for b, t, u in itertools.product(range(B), range(T), range(U + 1)):
+        if off[b, t, u]:
+            ab[b, t, u] = NAN
+            ae[b, t, u] = NAN
+            continue
+        for i, d in enumerate(bd):
+            if t + d > T or off[b, t + d, u]:
+                ab[b, t, u, i] = NEG_INF
+        for j, d in enumerate(ed):
+            if t + d > T or off[b, t + d, u + 1]:
+                ae[b, t, u, j] = NEG_INF
+    il, tl = torch.tensor(il), torch.tensor(tl)
+    ll, ga, ge = _run(ab, ae, il, tl, bd, ed, can, "numba")
+    want, wa, we = _run(ab, ae, il, tl, bd, ed, can, "reference")
+    assert torch.isfinite(want).sum() >= 2  # the band holds paths
+    torch.testing.assert_close(ll, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(ga, wa, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(ge, we, rtol=1e-9, atol=1e-11)
+    m = off[:, :T, :U + 1]
+    assert (ga[:, :T, :U + 1][m] == 0).all() and (ge[:, :T, :U + 1][m] == 0).all()

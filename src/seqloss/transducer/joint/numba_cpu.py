@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from numba import njit
 
 from ..._core import buffers
+from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
-from ..lattice.numba_cpu import transducer_lattice
+from ..lattice.numba_cpu import sweep, transducer_lattice
 from .numba_rows import RowPasses, rows_ok
 from .table import JointTable
 
@@ -85,32 +86,10 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 # Multi-blank and TDT (any table but RNN-T's, float32/float64 input): the arcs are never
 # materialized. Per state the lattice keeps compact scores (one log-prob per distinct blank
 # class, one for the next label, the D duration log-probs), each arc's score is a sum of
-# two of them, and one Numba job per sequence runs alpha, then beta with the arcs'
-# occupations and the whole epilogue of that state's gradient row (the occupations are
-# never stored either: the lattice's peak is a few numbers per state).
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _lse_r(buf, dif, n):
-    """``_lse`` of ``buf[:n]`` (float64) with the exps of ``buf - max`` in ``dif``'s dtype."""
-    m = NEG_INF
-    for k in range(n):
-        v = buf[k]
-        if v > m or v != v:
-            m = v
-            if v != v:
-                return v
-    if m == NEG_INF or m == math.inf:
-        return m
-    for k in range(n):
-        dif[k] = buf[k] - m
-    s = 0.0
-    for k in range(n):
-        # exp(d) < 2^-125 beside the max's 1: it cannot change the float64 sum (exact to
-        # skip), and its (subnormal) float32 value would cost a microcode assist.
-        if dif[k] >= -87.0:
-            s += math.exp(dif[k])
-    return m + math.log(s)
+# two of them (the lattice's sweep gathers them), and one Numba job per sequence runs
+# alpha and beta, then per state the arcs' occupations and the whole epilogue of its
+# gradient row (the occupations are kept for one frame only: the lattice's peak is a
+# few numbers per state).
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -217,12 +196,11 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     """Sequence ``b = job``: ``ll[b]`` and, with ``compute_grad``, its gradient rows.
 
     Arc ``i`` of the blank-like arcs scores ``sb[t, u, bcol[i]] (+ sd[t, u, bdl[i]])`` and
-    advances ``bd[i]`` frames; emission ``j`` scores ``se[t, u] (+ sd[t, u, edl[j]])`` and
-    advances ``ed[j]`` frames (``bdl``/``edl`` ``-1``: no duration term). The lattice's
-    semantics are ``seqloss.transducer.lattice.reference.transducer_lattice``'s (float64
-    here). The backward pass takes each state's arcs once: ``beta`` from their terms, and
-    their occupations ``exp(alpha + term - ll) = exp(term - max) * exp(alpha + max - ll)``
-    from the same exponentials (``alpha + max - ll <= 0``: no overflow).
+    advances ``bd[i]`` frames; emission ``j`` scores ``se[t, u, 0] (+ sd[t, u, edl[j]])``
+    and advances ``ed[j]`` frames (``bdl``/``edl`` ``-1``: no duration term). Alpha and
+    beta are the lattice's one recursion (``lattice.numba_cpu.sweep``, float64) on that
+    gather; then, per state, its arcs' occupations ``exp(alpha + arc + beta' - ll)`` and
+    its gradient row.
 
     The gradient row of state ``(t, u)`` is written where row ``base[b] + t st[b] + u``
     starts: ``gt[r Wt : r Wt + V]`` (token block, holding ``exp(x - m)`` when ``fused``)
@@ -242,101 +220,48 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     Db, De = bd.shape[0], ed.shape[0]
     nu, D = uniq.shape[0], sd.shape[3]
     sbb, seb, sdb = sb[b], se[b], sd[b]
-    n_arcs = Db + De
-    buf = np.empty(n_arcs, dtype=np.float64)
-    # Differences to the max, rounded to the gradient's dtype: their exps in float32 for
-    # float32 input (twice as fast as float64's; the sums and logs stay float64).
-    dif = np.empty(n_arcs, dtype=gt.dtype)
-    kind = np.empty(n_arcs, dtype=np.int64)
+    ecol = np.zeros(De, dtype=np.int64)
     alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
-    for t in range(Tb + 1):
-        for u in range(Ub + 1):
-            if t == 0 and u == 0:
-                alpha[0, 0] = 0.0
-                continue
-            n = 0
-            for i in range(Db):
-                ts = t - bd[i]
-                if ts >= 0:
-                    v = alpha[ts, u] + sbb[ts, u, bcol[i]]
-                    if bdl[i] >= 0:
-                        v += sdb[ts, u, bdl[i]]
-                    buf[n] = v
-                    n += 1
-            if u > 0 and t < Tb + ce:
-                for j in range(De):
-                    ts = t - ed[j]
-                    if 0 <= ts < Tb:  # arcs leave frames t < Tb only
-                        v = alpha[ts, u - 1] + seb[ts, u - 1]
-                        if edl[j] >= 0:
-                            v += sdb[ts, u - 1, edl[j]]
-                        buf[n] = v
-                        n += 1
-            alpha[t, u] = _lse_r(buf, dif, n)
+    sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, alpha, 0)
     lb = alpha[Tb, Ub]
     ll[b] = lb
     if not compute_grad or lb == NEG_INF or lb != lb:
         return
-    # beta on a ring of R >= max duration + 1 frames (a power of 2): a state reads
-    # beta of frames t..t + max duration only.
-    R = 1
-    for i in range(Db):
-        while R <= bd[i]:
-            R *= 2
-    for j in range(De):
-        while R <= ed[j]:
-            R *= 2
-    msk = R - 1
-    beta = np.empty((R, Ub + 1), dtype=np.float64)
-    for u in range(Ub + 1):
-        beta[Tb & msk, u] = NEG_INF
-    beta[Tb & msk, Ub] = 0.0
-    e = np.empty(n_arcs, dtype=np.float64)
+    beta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
+    sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, beta, 1)
+    # Per frame, each arc's occupations along u (a vectorized float64 exp; the scores
+    # are finite or -inf here: a NaN/+inf sequence is skipped, -inf gives exactly 0).
+    occ = np.zeros((Db + De, Ub + 1), dtype=np.float64)
     oc = np.empty(nu, dtype=np.float64)
     od = np.empty(max(D, 1), dtype=np.float64)
     for t in range(Tb - 1, -1, -1):
+        a = alpha[t]
+        for i in range(Db):
+            o = occ[i]
+            td = t + bd[i]
+            if td > Tb:
+                o[:] = 0.0
+                continue
+            bn = beta[td]
+            ci, di = bcol[i], bdl[i]
+            for u in range(Ub + 1):
+                x = sbb[t, u, ci] + (sdb[t, u, di] if di >= 0 else 0.0)
+                o[u] = vexp(a[u] + x + bn[u] - lb)
+        for j in range(De):
+            o = occ[Db + j]
+            td = t + ed[j]
+            o[Ub] = 0.0
+            if td >= Tb + ce:
+                o[:] = 0.0
+                continue
+            bn = beta[td]
+            dj = edl[j]
+            for u in range(Ub):
+                x = seb[t, u, 0] + (sdb[t, u, dj] if dj >= 0 else 0.0)
+                # FastEmit's (1 + lambda) on emissions
+                o[u] = vexp(a[u] + x + bn[u + 1] - lb) * scale
+        bt = beta[t]
         for u in range(Ub, -1, -1):
-            n = 0
-            for i in range(Db):
-                td = t + bd[i]
-                if td <= Tb:
-                    v = sbb[t, u, bcol[i]]
-                    if bdl[i] >= 0:
-                        v += sdb[t, u, bdl[i]]
-                    buf[n] = v + beta[td & msk, u]
-                    kind[n] = i
-                    n += 1
-            if u < Ub:
-                for j in range(De):
-                    td = t + ed[j]
-                    if td < Tb + ce:
-                        v = seb[t, u]
-                        if edl[j] >= 0:
-                            v += sdb[t, u, edl[j]]
-                        buf[n] = v + beta[td & msk, u + 1]
-                        kind[n] = Db + j
-                        n += 1
-            mx = NEG_INF
-            for k in range(n):
-                if buf[k] > mx:
-                    mx = buf[k]
-            a = alpha[t, u]
-            c = 0.0
-            sm = 0.0
-            if mx == NEG_INF:
-                beta[t & msk, u] = NEG_INF
-            else:
-                sm = 0.0
-                for k in range(n):
-                    dif[k] = buf[k] - mx
-                for k in range(n):
-                    # Below 2^-125 (beside the max's 1): no change to the float64 sum, and
-                    # no subnormal float32 exp (a microcode assist each).
-                    e[k] = math.exp(dif[k]) if dif[k] >= -87.0 else 0.0
-                    sm += e[k]
-                beta[t & msk, u] = mx + math.log(sm)
-                if a != NEG_INF:
-                    c = math.exp(a + mx - lb)
             # ---- the state's occupations -> its gradient row
             total = 0.0
             oe = 0.0
@@ -345,22 +270,20 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             for k in range(D):
                 od[k] = 0.0
             # Every value of the state's gradient row is at most its occupancy
-            # exp(alpha + beta - ll) = c sm times (1 + lambda): at or below ``tiny``
-            # (halved, against rounding) the whole row rounds to 0, as computed in full.
-            if c * sm * scale * 2.0 > tiny:
-                for k in range(n):
-                    # A skipped exp: its occupancy (< 2^-125) straight from a float64 exp.
-                    o = e[k] * c if e[k] > 0.0 else math.exp(a + buf[k] - lb)
-                    q = kind[k]
-                    if q < Db:
-                        oc[bcol[q]] += o
-                        if bdl[q] >= 0:
-                            od[bdl[q]] += o
-                    else:
-                        o *= scale  # FastEmit's (1 + lambda) on emissions
-                        oe += o
-                        if edl[q - Db] >= 0:
-                            od[edl[q - Db]] += o
+            # exp(alpha + beta - ll) times (1 + lambda): at or below ``tiny`` (halved,
+            # against rounding) the whole row rounds to 0, as computed in full.
+            if math.exp(a[u] + bt[u] - lb) * scale * 2.0 > tiny:
+                for i in range(Db):
+                    o = occ[i, u]
+                    oc[bcol[i]] += o
+                    if bdl[i] >= 0:
+                        od[bdl[i]] += o
+                    total += o
+                for j in range(De):
+                    o = occ[Db + j, u]
+                    oe += o
+                    if edl[j] >= 0:
+                        od[edl[j]] += o
                     total += o
             r = base[b] + t * st[b] + u
             row = gt[r * Wt : r * Wt + V]  # (a view: the loops below vectorize)
@@ -474,7 +397,7 @@ def _forward_table(
     # float64, 1e-7 this way). A few numbers per state, beside V + D logits.
     f64 = torch.float64
     sb = torch.empty((B, T, U1, nu), dtype=f64)
-    se = torch.empty((B, T, U1), dtype=f64)
+    se = torch.empty((B, T, U1, 1), dtype=f64)  # one column: the lattice's arc layout
     sd = torch.empty((B, T, U1, D) if D else (B, 1, 1, 0), dtype=f64)
     row_sum = torch.empty((B, T, U1), dtype=acc)
     skip = np.zeros(B, dtype=np.uint8)
@@ -542,7 +465,7 @@ def _forward_table(
             continue
         _token_scores(xb.numpy(), xe.numpy(), m_b.numpy(), s_b.numpy(), fused_log_softmax,
                       float(table.sigma), float(table.delay_penalty), sb[b, :tb, : ub + 1].numpy(),
-                      se[b, :tb, :ub].numpy())
+                      se[b, :tb, :ub, 0].numpy())
         del xb, xe, m_b
 
     # ---- the lattice and, per state, its gradient row (one job per sequence)
