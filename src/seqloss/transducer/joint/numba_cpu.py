@@ -222,13 +222,16 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     sbb, seb, sdb = sb[b], se[b], sd[b]
     ecol = np.zeros(De, dtype=np.int64)
     alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
-    sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, alpha, 0)
-    lb = alpha[Tb, Ub]
-    ll[b] = lb
-    if not compute_grad or lb == NEG_INF or lb != lb:
-        return
-    beta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
-    sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, beta, 1)
+    beta = np.empty((Tb + 1 if compute_grad else 1, Ub + 1), dtype=np.float64)
+    lb = NEG_INF
+    # One call site with a run-time direction: literal 0 and 1 compiled the sweep twice.
+    for d in range(2 if compute_grad else 1):
+        sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, beta if d else alpha, d)
+        if d == 0:
+            lb = alpha[Tb, Ub]
+            ll[b] = lb
+            if not compute_grad or lb == NEG_INF or lb != lb:
+                return
     # Per frame, each arc's occupations along u (a vectorized float64 exp; the scores
     # are finite or -inf here: a NaN/+inf sequence is skipped, -inf gives exactly 0).
     occ = np.zeros((Db + De, Ub + 1), dtype=np.float64)
