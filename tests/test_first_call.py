@@ -46,17 +46,20 @@ import torch, seqloss
 lp = torch.randn(2, 6, 4, 5, dtype=torch.float64).log_softmax(-1).requires_grad_()
 seqloss.transducer_lattice(lp[..., :1], lp[..., 1:2], torch.tensor([6, 4]),
                            torch.tensor([3, 2])).sum().backward()
+x = torch.randn(2, 6, 4, 5 + 3, dtype=torch.float64).requires_grad_()
+seqloss.tdt_loss(x, torch.randint(0, 4, (2, 3)), torch.tensor([6, 4]), torch.tensor([3, 2]),
+                 [0, 1, 2]).backward()
 """
 
 
-def test_rnnt_lattice_compiles_only_what_it_runs(tmp_path):
-    # RNN-T's arcs take the anti-diagonal sweep: the general-duration recursions (_alpha,
-    # _beta) are never run, and the sweep's two directions are one specialization (a
-    # literal 0 / 1 direction compiled it twice: 6 CPU s -> 3.3 s for the first call)
+def test_lattice_and_table_compile_one_sweep(tmp_path):
+    # RNN-T's arcs and the joint's table kernel (TDT here) run the one anti-diagonal sweep,
+    # with a run-time direction: one specialization for both (a literal 0 / 1 direction
+    # compiled it twice: 6 CPU s -> 3.3 s for RNN-T's first call)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
     subprocess.run([sys.executable, "-c", _RNNT_LATTICE], env=env, check=True,
                    capture_output=True, text=True)
     names = [p.name for p in tmp_path.rglob("numba_cpu.*.nbc")]
-    assert any("._rnnt_alpha_beta_kernel-" in n for n in names), names
-    assert not [n for n in names if "._alpha-" in n or "._beta-" in n], names
-    assert len([n for n in names if "._sweep_rnnt-" in n]) == 1, names
+    assert any(".transducer_alpha_beta_kernel-" in n for n in names), names
+    assert any(".table_lattice_kernel-" in n for n in names), names
+    assert len([n for n in names if ".sweep-" in n]) == 1, names
