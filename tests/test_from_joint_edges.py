@@ -283,7 +283,7 @@ class AddJoint(nn.Module):
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean", "mean_volume"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_zero_infinity_on_overflow_zeroes_the_whole_gradient(kind, reduction, chunk, tile_ops):
-    """Issue 22, item 4: sequence 0 has a feasible path (blanks only) through
+    """Sequence 0 has a feasible path (blanks only) through
     ``finfo(float32).min`` logits, so its float32 loss is +inf; ``zero_infinity`` makes
     it 0 and takes its whole gradient away (its encoder frames, its predictor rows, its
     share of the joint's bias), whether or not it shares a tile with sequence 1, which
