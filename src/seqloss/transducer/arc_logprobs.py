@@ -501,6 +501,8 @@ def transducer_arc_logprobs_from_joint(
                                       blank, packed=False)
     padded = transducer_values(fake, tg, il, tl, blank, validate=validate, num_tokens=V)
     device = encoder_out.device
+    # (_setup leaves the default to the caller: the losses' depends on their table)
+    chunk = default_chunk(device, chunk)
     spec = make_joint_spec(_token_rows(blank, V, D), joint, _labels(padded, B, U1, device), il,
                            tl, T, U1, acc_dtype(probe.dtype), W, chunk, is_module)
     check_no_transforms("transducer_arc_logprobs_from_joint")
