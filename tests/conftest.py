@@ -135,3 +135,27 @@ def tile_ops(request, monkeypatch):
         rows = pytest.importorskip("seqloss.transducer.joint.numba_rows")
         monkeypatch.setattr(rows, "MIN_ROW_WIDTH", 1)
     return request.param
+
+
+# Small float64 batches for the cross-cutting tests: sequence 0 takes the full lengths,
+# the others one frame and one label fewer.
+def ctc_batch(T=7, B=3, C=5, S=3, seed=0, layout="tbc"):
+    """``(log_probs (T, B, C) or (B, T, C) when layout="btc", targets, input_lengths,
+    target_lengths)``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g, dtype=torch.float64) if layout == "btc" else \
+        torch.randn(T, B, C, generator=g, dtype=torch.float64)
+    tg = torch.randint(1, C, (B, S), generator=g)
+    il = torch.tensor([T] + [T - 1] * (B - 1))
+    tl = torch.tensor([S] + [S - 1] * (B - 1))
+    return x, tg, il, tl
+
+
+def rnnt_batch(B=2, T=3, U=2, V=4, seed=0):
+    """``(logits (B, T, U+1, V), targets, logit_lengths, target_lengths)``; blank V - 1."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
+    tg = torch.randint(0, V - 1, (B, U), generator=g)  # blank is V - 1
+    il = torch.tensor([T] + [T - 1] * (B - 1))
+    tl = torch.tensor([U] + [U - 1] * (B - 1))
+    return x, tg, il, tl

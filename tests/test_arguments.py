@@ -13,30 +13,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import device_for
+from conftest import ctc_batch, device_for, rnnt_batch
 
 import seqloss
 from seqloss import InputError
 from seqloss.testing import brute_force_ctc, brute_force_rnnt
-
-
-def _ctc_batch(T=7, B=3, C=5, S=3, seed=0, layout="tbc"):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, C, generator=g, dtype=torch.float64) if layout == "btc" else \
-        torch.randn(T, B, C, generator=g, dtype=torch.float64)
-    tg = torch.randint(1, C, (B, S), generator=g)
-    il = torch.tensor([T] + [T - 1] * (B - 1))
-    tl = torch.tensor([S] + [S - 1] * (B - 1))
-    return x, tg, il, tl
-
-
-def _rnnt_batch(B=2, T=3, U=2, V=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
-    tg = torch.randint(0, V - 1, (B, U), generator=g)  # blank is V - 1
-    il = torch.tensor([T] + [T - 1] * (B - 1))
-    tl = torch.tensor([U] + [U - 1] * (B - 1))
-    return x, tg, il, tl
 
 
 def _add_joint(e: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -207,7 +188,7 @@ LENGTH_FORMS = {
 
 @pytest.mark.parametrize("form", list(LENGTH_FORMS), ids=list(LENGTH_FORMS))
 def test_ctc_length_forms_batch_of_one(form):
-    x, tg, _, _ = _ctc_batch(T=6, B=1, C=4, S=2)
+    x, tg, _, _ = ctc_batch(T=6, B=1, C=4, S=2)
     lp = x.log_softmax(-1)
     make = LENGTH_FORMS[form]
     got = seqloss.ctc_loss(lp, tg, make(6), make(2), reduction="none")
@@ -217,7 +198,7 @@ def test_ctc_length_forms_batch_of_one(form):
 
 @pytest.mark.parametrize("form", list(LENGTH_FORMS), ids=list(LENGTH_FORMS))
 def test_rnnt_length_forms_batch_of_one(form):
-    x, tg, _, _ = _rnnt_batch(B=1, T=3, U=2, V=4)
+    x, tg, _, _ = rnnt_batch(B=1, T=3, U=2, V=4)
     make = LENGTH_FORMS[form]
     got = seqloss.rnnt_loss(x, tg, make(3), make(2), reduction="none")
     want = brute_force_rnnt(x[0].log_softmax(-1), tg[0].tolist(), blank=3)
@@ -225,7 +206,7 @@ def test_rnnt_length_forms_batch_of_one(form):
 
 
 def test_numpy_lengths_batched_equal_tensor_lengths():
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     lp = x.log_softmax(-1)
     a = seqloss.ctc_loss(lp, tg, il.numpy(), tl.numpy().astype(np.int32), reduction="none")
     b = seqloss.ctc_loss(lp, tg, il, tl, reduction="none")
@@ -236,7 +217,7 @@ def test_numpy_lengths_batched_equal_tensor_lengths():
 
 
 def test_bad_length_forms_still_raise():
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     lp = x.log_softmax(-1)
     with pytest.raises(TypeError, match="input_lengths"):
         seqloss.ctc_loss(lp, tg, np.array([7.0, 6.0, 6.0]), tl)
@@ -256,25 +237,25 @@ def test_packed_lengths_of_a_batch_of_one_as_0d_tensors():
 
 
 def test_length_beyond_int64_names_the_argument():
-    x, tg, _, tl = _ctc_batch(B=3)
+    x, tg, _, tl = ctc_batch(B=3)
     with pytest.raises(seqloss.InputError, match=r"input_lengths\[0\]"):
         seqloss.ctc_loss(x.log_softmax(-1), tg, [2**70, 4, 3], tl)
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8], ids=str)
 def test_narrow_integer_lengths_and_targets_as_torch_takes_them(dtype):
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     lp = x.log_softmax(-1)
     want = F.ctc_loss(lp, tg, il, tl, reduction="none")
     got = seqloss.ctc_loss(lp, tg.to(dtype), il.to(dtype), tl.to(dtype), reduction="none")
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    xr, tgr, ilr, tlr = _rnnt_batch()
+    xr, tgr, ilr, tlr = rnnt_batch()
     torch.testing.assert_close(seqloss.rnnt_loss(xr, tgr.to(dtype), ilr.to(dtype), tlr.to(dtype)),
                                seqloss.rnnt_loss(xr, tgr, ilr, tlr), rtol=0, atol=0)
 
 
 def test_length_columns_as_torch_takes_them():
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     lp = x.log_softmax(-1)
     want = F.ctc_loss(lp, tg, il, tl, reduction="none")
     got = seqloss.ctc_loss(lp, tg, il[:, None], tl[:, None], reduction="none")
@@ -311,12 +292,12 @@ def test_dtype_errors_are_runtime_errors_too():
 @pytest.mark.parametrize("form", [np.int64, np.int32, torch.tensor], ids=["np64", "np32", "tensor"])
 def test_blank_as_an_integral_scalar(form):
     """torch takes a numpy integer or a 0-D integer tensor as ``blank``."""
-    x, tg, il, tl = _ctc_batch(C=5)
+    x, tg, il, tl = ctc_batch(C=5)
     lp = x.log_softmax(-1)
     want = F.ctc_loss(lp, tg, il, tl, blank=0, reduction="none")
     torch.testing.assert_close(seqloss.ctc_loss(lp, tg, il, tl, blank=form(0), reduction="none"),
                                want, rtol=1e-10, atol=1e-10)
-    xr, tgr, ilr, tlr = _rnnt_batch()
+    xr, tgr, ilr, tlr = rnnt_batch()
     torch.testing.assert_close(seqloss.rnnt_loss(xr, tgr, ilr, tlr, blank=form(3)),
                                seqloss.rnnt_loss(xr, tgr, ilr, tlr, blank=3), rtol=0, atol=0)
     with pytest.raises(TypeError, match="blank"):
@@ -335,6 +316,6 @@ def test_module_repr_names_non_default_arguments():
 def test_triton_on_cpu_without_interpreter_is_an_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     pytest.importorskip("triton")
-    x, tg, il, tl = _ctc_batch(T=6)
+    x, tg, il, tl = ctc_batch(T=6)
     with pytest.raises(InputError, match="Triton kernels run on CUDA"):
         seqloss.ctc_loss(x, tg, il, tl, backend="triton")

@@ -11,20 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import device_for
+from conftest import ctc_batch, device_for
 
 import seqloss
 from seqloss.testing import brute_force_rnnt
-
-
-def _ctc_batch(T=7, B=3, C=5, S=3, seed=0, layout="tbc"):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, C, generator=g, dtype=torch.float64) if layout == "btc" else \
-        torch.randn(T, B, C, generator=g, dtype=torch.float64)
-    tg = torch.randint(1, C, (B, S), generator=g)
-    il = torch.tensor([T] + [T - 1] * (B - 1))
-    tl = torch.tensor([S] + [S - 1] * (B - 1))
-    return x, tg, il, tl
 
 
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
@@ -124,7 +114,7 @@ def test_empty_batch_none_reduction_backward_with_ones_like(loss_name):
 
 def test_all_empty_nested_targets():
     """``[[], [], []]`` (all-silence utterances) is a padded ``(B, 0)`` batch, not floats."""
-    x, _, il, _ = _ctc_batch(B=3)
+    x, _, il, _ = ctc_batch(B=3)
     lp = x.log_softmax(-1)
     zero = torch.zeros(3, dtype=torch.long)
     want = F.ctc_loss(lp, torch.zeros(3, 0, dtype=torch.long), il, zero, reduction="none")

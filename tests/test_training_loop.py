@@ -18,7 +18,7 @@ import importlib.util
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import device_for
+from conftest import ctc_batch, device_for, rnnt_batch
 
 import seqloss
 from seqloss import InputError
@@ -332,25 +332,6 @@ def test_hat_loss_compiles_without_graph_break():
 
 # CTC and RNN-T across backends: compiled, differentiated by autograd.grad and torch.func,
 # backward twice, double backward; the oracles are eager, brute force and torch's CTC.
-def _ctc_batch(T=7, B=3, C=5, S=3, seed=0, layout="tbc"):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, C, generator=g, dtype=torch.float64) if layout == "btc" else \
-        torch.randn(T, B, C, generator=g, dtype=torch.float64)
-    tg = torch.randint(1, C, (B, S), generator=g)
-    il = torch.tensor([T] + [T - 1] * (B - 1))
-    tl = torch.tensor([S] + [S - 1] * (B - 1))
-    return x, tg, il, tl
-
-
-def _rnnt_batch(B=2, T=3, U=2, V=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64)
-    tg = torch.randint(0, V - 1, (B, U), generator=g)  # blank is V - 1
-    il = torch.tensor([T] + [T - 1] * (B - 1))
-    tl = torch.tensor([U] + [U - 1] * (B - 1))
-    return x, tg, il, tl
-
-
 def _brute_ctc_grad(lp, tg, il, tl, reduction):
     """The gradient of the reduced CTC loss w.r.t. log-probs ``(T, B, C)``, by brute force."""
     w = 1.0 / tl.clamp(min=1).double() / len(tl) if reduction == "mean" else torch.ones(len(tl))
@@ -374,7 +355,7 @@ def _ctc_inputs(T, B=2, C=5, S=3, seed=0):
 @pytest.mark.parametrize("fused", [False, True], ids=["log_softmax", "fused"])
 def test_inductor_compile_transposed_ctc_matches_eager(fused):
     torch._dynamo.reset()
-    x0, tg, il, tl = _ctc_batch(T=9, B=3, C=6, layout="btc")
+    x0, tg, il, tl = ctc_batch(T=9, B=3, C=6, layout="btc")
     x0 = x0.float()
 
     def f(x):
@@ -392,7 +373,7 @@ def test_inductor_compile_transposed_ctc_matches_eager(fused):
 
 def test_inductor_compile_noncontiguous_rnnt_matches_eager():
     torch._dynamo.reset()
-    x0, tg, il, tl = _rnnt_batch(B=2, T=4, U=2, V=5)
+    x0, tg, il, tl = rnnt_batch(B=2, T=4, U=2, V=5)
     x0 = x0.float()
 
     def f(x):  # a (B, U+1, T, V) model output, transposed to the loss's layout
@@ -432,7 +413,7 @@ def test_compile_fullgraph_dynamic_no_recompile(backend):
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_autograd_grad_is_plain_tensor_ctc(ctc_backend, reduction):
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     x = x.log_softmax(-1).to(device_for(ctc_backend)).requires_grad_()
     loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, backend=ctc_backend)
     (g,) = torch.autograd.grad(loss, x)
@@ -444,7 +425,7 @@ def test_autograd_grad_is_plain_tensor_ctc(ctc_backend, reduction):
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_autograd_grad_is_plain_tensor_rnnt(rnnt_backend, reduction):
-    x, tg, il, tl = _rnnt_batch()
+    x, tg, il, tl = rnnt_batch()
     x = x.to(device_for(rnnt_backend)).requires_grad_()
     loss = seqloss.rnnt_loss(x, tg, il, tl, reduction=reduction, backend=rnnt_backend)
     (g,) = torch.autograd.grad(loss, x)
@@ -460,7 +441,7 @@ def test_autograd_grad_is_plain_tensor_rnnt(rnnt_backend, reduction):
 
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_retain_graph_zero_grad_backward_again_ctc(ctc_backend, reduction):
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     x = x.log_softmax(-1).to(device_for(ctc_backend)).requires_grad_()
     loss = seqloss.ctc_loss(x, tg, il, tl, reduction=reduction, backend=ctc_backend)
     loss.backward(retain_graph=True)
@@ -474,7 +455,7 @@ def test_retain_graph_zero_grad_backward_again_ctc(ctc_backend, reduction):
 
 
 def test_retain_graph_zero_grad_backward_again_rnnt(rnnt_backend):
-    x, tg, il, tl = _rnnt_batch()
+    x, tg, il, tl = rnnt_batch()
     x = x.to(device_for(rnnt_backend)).requires_grad_()
     loss = seqloss.rnnt_loss(x, tg, il, tl, backend=rnnt_backend)
     loss.backward(retain_graph=True)
@@ -491,7 +472,7 @@ def test_retain_graph_zero_grad_backward_again_rnnt(rnnt_backend):
 
 def test_leaf_grad_without_retain_graph_is_usable():
     # The hand-off path (no retained graph): .grad is an ordinary tensor the user owns.
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     x = x.log_softmax(-1).requires_grad_()
     seqloss.ctc_loss(x, tg, il, tl).backward()
     g = x.grad.clone()
@@ -528,13 +509,13 @@ def test_torchscript_says_unsupported(module):
 
 
 def test_torch_func_grad_ctc_and_rnnt():
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     g = torch.func.grad(lambda z: seqloss.ctc_loss(z.log_softmax(-1), tg, il, tl))(x)
     y = x.clone().requires_grad_()
     F.ctc_loss(y.log_softmax(-1), tg, il, tl).backward()
     torch.testing.assert_close(g, y.grad, rtol=1e-9, atol=1e-12)
 
-    x, tg, il, tl = _rnnt_batch()
+    x, tg, il, tl = rnnt_batch()
     g = torch.func.grad(lambda z: seqloss.rnnt_loss(z, tg, il, tl, reduction="sum"))(x)
     xs = x.clone().requires_grad_()
     w = sum(brute_force_rnnt(xs[b, : il[b], : tl[b] + 1].log_softmax(-1), tg[b, : tl[b]].tolist(),
@@ -551,7 +532,7 @@ def test_torch_func_grad_ctc_and_rnnt():
 
 def test_torch_func_vjp_per_sequence_weights():
     # README: torch.func.grad/vjp work. A weighted cotangent of the per-sequence losses.
-    x, tg, il, tl = _ctc_batch()
+    x, tg, il, tl = ctc_batch()
     w = torch.tensor([0.5, -2.0, 3.0], dtype=x.dtype)
     loss, vjp = torch.func.vjp(
         lambda z: seqloss.ctc_loss(z.log_softmax(-1), tg, il, tl, reduction="none"), x)
@@ -567,7 +548,7 @@ def test_torch_func_vjp_per_sequence_weights():
 def test_incoming_gradient_forms_scale_the_saved_one(form):
     """The backward hands the saved gradient on only for an incoming gradient of ones
     (a 0-stride expand from ``sum``, a vector, a scalar), and scales it otherwise."""
-    x, tg, il, tl = _rnnt_batch(B=3)
+    x, tg, il, tl = rnnt_batch(B=3)
     x = x.requires_grad_()
     per_seq = torch.stack([
         brute_force_rnnt(x[b, : il[b], : tl[b] + 1].log_softmax(-1), tg[b, : tl[b]].tolist(),
