@@ -62,16 +62,19 @@ extended path directly.
 Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
 a callee's code into every caller and optimizes and emits it again there, and its IR
 inliner and type inference cost more than linearly in a function's size, so the largest
-functions, ``_ctc_fast_one``, ``_fast_alpha`` and ``_ctc_seq``, are called through the
-address of their compiled code (``_call_fast_one``, ``_call_fast_alpha``, ``_call_seq``,
-the addresses in ``_ZERO``) and compiled once each; the fused log-softmax pass
-(``_fused_rows``, with ``_max`` and ``_sum``) compiles on the first fused call only, and
+functions, ``_ctc_fast_one`` and ``_ctc_seq``, are called through the address of their
+compiled code (``_call_fast_one``, ``_call_seq``, the addresses in ``_ZERO``) and compiled
+once each; ``_fast_alpha`` is a plain call with non-literal flags (one compile inside
+``_ctc_fast_one``): through its address too, the forward pass ran 10-15% slower
+(T=300-1000, 2-core machine, interleaved processes) for ~0.5 s less compile time; the
+fused log-softmax pass (``_fused_rows``, with ``_max`` and ``_sum``) compiles on the first
+fused call only, and
 the extended and log-space paths (``_ctc_fallback``) only when an input needs them;
 small helpers are inlined (each separate function is one more module, machine-code
 emission and cache entry), and overloads that would each compile once more
 (``np.zeros``, ``ndarray.sum``, ``ndarray.view``) are written out. float32 first call
 (forward+backward, 2-core machine, CPU seconds, same-load pairs): ~22 s before the
-addresses, 11-12 s with two of them, 9.5-10.5 s now.
+addresses, 11-12 s with two of them, 9.5-10.5 s with three; 5.4-6 s on a faster machine now.
 
 Why not log space throughout: the installed llvmlite has no vector math
 library, so ``math.exp``/``math.log`` are scalar libm calls (~20-40 ns). The
@@ -737,11 +740,10 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
     nseg = (Tb + S - 1) // S
     nck = nseg - 1 if compute_grad else 0
-    alpha = addrs[1]
     lses = np.empty(Tb if fused else 0)
     lp = np.empty(nl)
     if fused:
-        _call_fused_rows(addrs[2], x, tb_layout, b, C, Tb, compute_grad, grad, lses, np.empty(C))
+        _call_fused_rows(addrs[1], x, tb_layout, b, C, Tb, compute_grad, grad, lses, np.empty(C))
     sk = _zeros(nl)  # sk[i]: odd state i (label i+1) may be entered from odd state i-1
     for i in range(1, Lb):
         sk[i] = 1.0 if lab[i + 1] != lab[i] else 0.0
@@ -757,8 +759,8 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
     CK = np.empty((nck, nb), np.int64)
-    ok, logscale = _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(),
-                                    Tb, lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
+    ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(), Tb,
+                                lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
     if not ok:
         return FALLBACK
     rf = (Tb - 1) % S
@@ -798,8 +800,8 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             _copy_row(AE, 0, CE, sg)
             _copy_row(AO, 0, CO, sg)
             _copy_row(KA, 0, CK, sg)
-            _call_fast_alpha(alpha, x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lses,
-                             E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
+            _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lses,
+                        E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lo = max(0, K - 2 * (Tb - t))
@@ -1188,7 +1190,7 @@ def _ctc_seq(addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp, compu
     The slower paths are not called from here: Numba compiles every function a jitted
     function can reach, and each caller re-optimizes and re-emits its callees' code,
     so they cost a fresh cache ~60% more compile time although few inputs take them.
-    Called through its address ``addrs[3]`` (``_call_seq``): compiled once, not
+    Called through its address ``addrs[2]`` (``_call_seq``): compiled once, not
     inlined into ``_ctc_chunk`` (whose compile then took ~1.5 s more: Numba's IR inliner
     and type inference cost more than linearly in the function's size), nor optimized
     again there; ``_ctc_fast_one`` is called through its address ``addrs[0]``.
@@ -1361,30 +1363,6 @@ def _address(disp, sig, restype):
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
 
 
-_ALPHA_RES = types.Tuple((types.boolean, types.float64))
-
-
-def _fast_alpha_sig(dt):
-    """``_fast_alpha``'s argument types as ``_ctc_fast_one`` calls it (``dt``: numba dtype)."""
-    x = types.Array(dt, 3, "C")
-    i64, flag, f64 = types.int64, types.boolean, types.float64
-    f1, f2, k2 = types.Array(f64, 1, "C"), types.Array(f64, 2, "C"), types.Array(i64, 2, "C")
-    return (x, flag, i64, i64, types.Array(i64, 1, "C"), i64, flag, f64, flag, i64, i64,
-            f1, f2, f2, f2, k2, f2, f2, k2, f1, f1, i64)
-
-
-@intrinsic
-def _call_fast_alpha(typingctx, addr, x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1,
-                     lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh):
-    """``_fast_alpha(x, ...)`` through its address (as ``_call_fast_one``): its code is
-    compiled once instead of again inside ``_ctc_fast_one``."""
-    argtys = (x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lses, E, AE, AO, KA, CE, CO,
-              CK, sk, lp, bsh)
-    if argtys != _fast_alpha_sig(x.dtype):
-        raise TypeError(f"_call_fast_alpha: {argtys} != {_fast_alpha_sig(x.dtype)}")
-    return _ALPHA_RES(addr, *argtys), _call_codegen(_ALPHA_RES, argtys)
-
-
 def _seq_sig(dt):
     """``_ctc_seq``'s argument types as ``_ctc_chunk`` and ``_ctc_fallback`` call it."""
     x = types.Array(dt, 3, "C")
@@ -1430,7 +1408,7 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     of the pool (see ``_run_batch``).
 
     ``kind``: ``_ZERO[dtype]`` (``_FUSED[dtype]`` when ``fused``), the addresses of
-    ``_ctc_fast_one``, ``_fast_alpha``, ``_fused_rows`` (or 0) and ``_ctc_seq`` compiled for the
+    ``_ctc_fast_one``, ``_fused_rows`` (or 0) and ``_ctc_seq`` compiled for the
     inputs' dtype, in an array of that dtype. The arrays arrive as addresses of
     C-contiguous memory (torch tensors' ``data_ptr()``) with their shapes: ``x`` and
     ``grad`` ``(T, B, C)`` (``tb_layout``) or ``(B, T, C)`` of ``kind``'s dtype (float32
@@ -1454,7 +1432,7 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
     """
     zero = kind[0]
     i0 = np.int64(0)
-    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (3,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1478,7 +1456,7 @@ def _ctc_chunk(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, tlp,
             offs = _offsets(tl)
     pending = False
     for b in range(b0, b1):  # one call site: _ctc_seq is inlined
-        _call_seq(addrs[3], addrs, x, tb_layout, targets, offs, il, tl, blank, fused, dp,
+        _call_seq(addrs[2], addrs, x, tb_layout, targets, offs, il, tl, blank, fused, dp,
                   compute_grad, grad, loss, status, mode, seg, _seq_weight(red, tl[b], B, total), b)
         pending |= status[b] == PENDING
     if chunk > 0:
@@ -1499,7 +1477,7 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     entry point, so that it is compiled only when an input leaves the fast path."""
     zero = kind[0]
     i0 = np.int64(0)
-    addrs = carray(_ptr(kind.ctypes.data, i0), (4,))  # (kind.view: one more overload)
+    addrs = carray(_ptr(kind.ctypes.data, i0), (3,))  # (kind.view: one more overload)
     shape = (T, B, C) if tb_layout else (B, T, C)
     x = carray(_ptr(xp, zero), shape)
     grad = carray(_ptr(gp, zero), shape if compute_grad else (0, 0, 0))
@@ -1517,7 +1495,7 @@ def _ctc_fallback(kind, xp, tb_layout, T, B, C, tgp, R, S, concat, toffp, ilp, t
     for b in range(B):
         w = _seq_weight(red, tl[b], B, total)
         if statusp == 0:
-            _call_seq(addrs[3], addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
+            _call_seq(addrs[2], addrs, x, tb_layout, targets, toff, il, tl, blank, fused, dp,
                       compute_grad, grad, loss, status, mode, seg, w, b)
         if status[b] == PENDING:
             _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute_grad,
@@ -1750,7 +1728,7 @@ def _fast_one_sig(dt):
 
 class _Kinds(dict):
     """torch dtype -> the entry points' first argument (see ``_ctc_chunk``): the addresses
-    of the dtype's ``_ctc_fast_one``, ``_fast_alpha``, for ``fused`` kinds ``_fused_rows``
+    of the dtype's ``_ctc_fast_one``, for ``fused`` kinds ``_fused_rows``
     (else 0), and ``_ctc_seq`` -- compiled, or loaded from the cache, on the first call
     that needs them -- in an array of that dtype. An array, not a tuple: the dispatcher
     types an array in C, a tuple in Python (~30 us a call)."""
@@ -1763,7 +1741,6 @@ class _Kinds(dict):
         f32 = dtype == torch.float32
         dt = types.float32 if f32 else types.float64
         addr = np.array([_address(_ctc_fast_one, _fast_one_sig(dt), types.int64),
-                         _address(_fast_alpha, _fast_alpha_sig(dt), _ALPHA_RES),
                          _address(_fused_rows, _fused_rows_sig(dt), types.none) if self.fused
                          else 0,
                          _address(_ctc_seq, _seq_sig(dt), types.none)], np.int64)
