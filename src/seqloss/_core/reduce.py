@@ -64,6 +64,17 @@ def weights(reduction: str, target_lengths: torch.Tensor, loss: torch.Tensor
     raise AssertionError(f"seqloss: unresolved reduction {reduction!r}")
 
 
+def reduce_losses(loss: torch.Tensor, reduction: str, target_lengths: torch.Tensor
+                  ) -> torch.Tensor:
+    """The reduction of per-sequence losses ``(B,)`` that autograd differentiates (the
+    factored losses, whose gradient flows through torch ops): :func:`weights` applied by
+    plain tensor ops; no ``zero_infinity`` (those losses take none)."""
+    if reduction == "none":
+        return loss
+    w = weights(reduction, target_lengths, loss)
+    return loss.sum() if w is None else (loss * w).sum()
+
+
 def grad_scale(reduction: str, target_lengths: torch.Tensor) -> float | None:
     """The factor of every sequence's gradient where it is one number known on the host
     (``"mean_batch"``; ``"mean_volume"`` with host-side lengths), for a kernel to apply for

@@ -13,7 +13,7 @@ from torch import Tensor
 from ..._core import checks as _validate
 from ..._core.dispatch import resolve_backend
 from ..._core.errors import InputError, InputTypeError
-from ..._core.reduce import weights
+from ..._core.reduce import reduce_losses
 from . import arcs, checks
 
 MEAN = "mean_batch"  # fast_rnnt's and k2's "mean": the plain batch mean
@@ -60,13 +60,6 @@ _TYPES_DOC = r"""
     and ``logmmexp``.
     Properties: autograd, torch.compile, no epsilon (exact at any scale).
 """
-
-
-def _reduce(nll: Tensor, reduction: str, lens: Tensor) -> Tensor:
-    if reduction == "none":
-        return nll
-    w = weights(reduction, lens[:, 2], nll)  # lens[:, 2]: U_b
-    return nll.sum() if w is None else (nll * w).sum()
 
 
 def _grads(occ_emit: Tensor, occ_blank: Tensor, S: int, rnnt_type: str) -> tuple[Tensor, Tensor]:
@@ -122,7 +115,7 @@ def _finish(emit: Tensor, blank: Tensor, lens: Tensor, rt: str, bnd: Tensor | No
         if return_grad:
             oe = torch.where(inf[:, None, None], 0.0, oe)
             ob = torch.where(inf[:, None, None], 0.0, ob)
-    loss = _reduce(nll, reduction, lens)
+    loss = reduce_losses(nll, reduction, lens[:, 2])  # lens[:, 2]: U_b
     if return_grad:
         return loss, _grads(oe, ob, S, rt)
     return loss
