@@ -233,9 +233,9 @@ def main() -> None:
     print("|---|---|---|---|")
     for name in new:
         if name in old:
-            print(f"| {name} | {old[name]:.2f} | {new[name]:.2f} | {new[name] / old[name]:.3f} |")
+            print(f"| {name} | {old[name]:.4g} | {new[name]:.4g} | {new[name] / old[name]:.3f} |")
         else:
-            print(f"| {name} | - | {new[name]:.2f} | - |")
+            print(f"| {name} | - | {new[name]:.4g} | - |")
     for k, d in (("old", old), ("new", new)):
         m = d.get("rnnt materialized joint B8 T150 U40 H256 V1024")
         fj = d.get("rnnt_loss_from_joint B8 T150 U40 H256 V1024")
