@@ -41,7 +41,7 @@ from numba import njit
 from ..._core import buffers
 from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
-from ..lattice.numba_cpu import sweep, transducer_lattice
+from ..lattice.numba_cpu import LOG, sweep, transducer_lattice
 from .numba_rows import RowPasses, rows_ok
 from .table import JointTable
 
@@ -226,7 +226,8 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     lb = NEG_INF
     # One call site with a run-time direction: literal 0 and 1 compiled the sweep twice.
     for d in range(2 if compute_grad else 1):
-        sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, beta if d else alpha, d)
+        sweep(sbb, seb, sdb, bcol, bdl, ecol, edl, bd, ed, ce, Tb, Ub, beta if d else alpha, d,
+              LOG)
         if d == 0:
             lb = alpha[Tb, Ub]
             ll[b] = lb

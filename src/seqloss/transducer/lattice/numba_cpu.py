@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
+from numba import literally, njit
 
 from ..._core.numba_exp import vexp, vlog1pexp
 from ..._core.numba_pool import own_lines, run_jobs
@@ -36,11 +36,40 @@ def _term(a, x):
     return v
 
 
+@njit(inline="always", cache=True, nogil=True, error_model="numpy")
+def logadd2(z, y):
+    """The log semiring's ``log(exp z + exp y)``, branch-free (``vlog1pexp``): NaN on
+    either side gives NaN; both ``-inf`` (no path) or both ``+inf`` give that infinity."""
+    r = (z if z > y else y) + vlog1pexp(-abs(z - y))
+    return z if (z == y and abs(z) == math.inf) else r
+
+
+@njit(inline="always", cache=True, nogil=True, error_model="numpy")
+def max2(z, y):
+    """Max-plus's ``max(z, y)`` where NaN never wins (``-inf`` when both are NaN): the
+    best score of a state whose every candidate is NaN or ``-inf`` is ``-inf``."""
+    z = z if z == z else NEG_INF
+    return y if y > z else z
+
+
+# The semiring of ``sweep``, a constant where it is called: Numba compiles the sweep
+# once per value (a literal argument is part of the signature, ``literally`` insists
+# on one) and prunes the branch on it before typing, so the inner loop holds the one
+# semiring's addition, inlined like the rest (a branch there cost RNN-T's sweep 5-10%;
+# an ``overload`` resolving to it by the literal was not inlined, and the sweep ran 2-3x
+# slower, or, with its ``inline="always"``, warned while compiling). A jitted function
+# passed as the argument would do the same, but a caller that passes one cannot be
+# cached (Numba lowers it as a pointer to the Python object).
+LOG = 0
+MAXPLUS = 1
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward):
+def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward, semiring):
     """Alpha (``backward`` 0) or beta (1) of one sequence, in float64 whatever the
-    scores' dtype: the one recursion of the Numba lattice (every backend kernel of
-    ``transducer_lattice`` and the joint's table kernel run it).
+    scores' dtype, in ``semiring`` (``LOG``; ``MAXPLUS``: Viterbi's best scores): the one
+    recursion of the Numba lattice (every backend kernel of ``transducer_lattice``, the
+    joint's table kernel and ``transducer_viterbi``'s run it).
 
     Arc scores, read where the arc leaves state ``(t, u)``: blank-like arc ``k``
     ``P[t, u, pc[k]] (+ Q[t, u, qc[k]] where qc[k] >= 0)``, advancing ``bd[k] >= 1``
@@ -54,14 +83,16 @@ def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward):
     its duration, an emission by its duration + 1), so the states of a diagonal do not
     depend on each other: swept by diagonals kept contiguous in a ring of
     ``max advance + 1`` of them (the arcs of a diagonal gathered first), the branch-free
-    logaddexp (``vlog1pexp``, no libm call) vectorizes over the diagonal; row order
+    logaddexp (``vlog1pexp``, no libm call) or max vectorizes over the diagonal; row order
     would chain every state on the previous one. A diagonal is computed only over the
     hull of the states next to a reachable one (a pruned band costs its band).
     ``-inf`` is an exact zero on either side of a term, even beside a NaN (an arc no
-    complete path takes cannot poison the sum); a NaN that a path takes gives NaN.
+    complete path takes cannot poison the sum); a NaN that a path takes gives NaN in the
+    log semiring and never wins in max-plus.
 
     Updates: ``out[:T_b + 1, :U_b + 1]``.
     """
+    literally(semiring)
     Db = bd.shape[0]
     A = Db + ed.shape[0]
     adv = np.empty(A, dtype=np.int64)  # diagonals each arc advances
@@ -174,9 +205,10 @@ def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward):
                 z = NEG_INF if (p0[k] == NEG_INF or x0[k] == NEG_INF) else z
                 y = p1[k] + x1[k]
                 y = NEG_INF if (p1[k] == NEG_INF or x1[k] == NEG_INF) else y
-                r = (z if z > y else y) + vlog1pexp(-abs(z - y))  # NaN on either side: NaN
-                # Both -inf (no path), or both +inf: the sum is that infinity.
-                c[k] = z if (z == y and abs(z) == math.inf) else r
+                if semiring == MAXPLUS:
+                    c[k] = max2(z, y)
+                else:
+                    c[k] = logadd2(z, y)
             for a in range(2, A):
                 oa = src_slot[a] * W + clo + 1 - (0 if a < Db else 1)
                 p = ring[oa:oa + m]
@@ -184,9 +216,10 @@ def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward):
                 for k in range(m):
                     y = p[k] + xa[k]
                     y = NEG_INF if (p[k] == NEG_INF or xa[k] == NEG_INF) else y
-                    z = c[k]
-                    r = (z if z > y else y) + vlog1pexp(-abs(z - y))
-                    c[k] = z if (z == y and abs(z) == math.inf) else r
+                    if semiring == MAXPLUS:
+                        c[k] = max2(c[k], y)
+                    else:
+                        c[k] = logadd2(c[k], y)
             for k in range(m):
                 if c[k] != NEG_INF:  # NaN included: it must reach the end
                     flo = min(flo, clo + k)
@@ -217,7 +250,7 @@ def transducer_alpha_beta_kernel(arc_blank, arc_emit, Tl, Ul, bc, ec, nq, bd, ed
     d = job % 2
     ab = arc_blank[b]
     sweep(ab, arc_emit[b], ab, bc, nq, ec, nq, bd, ed, ce, Tl[b], Ul[b],
-          beta[b] if d else alpha[b], d)
+          beta[b] if d else alpha[b], d, LOG)
     if d == 0:
         ll[b] = alpha[b, Tl[b], Ul[b]] if Tl[b] > 0 else NEG_INF
 
@@ -364,50 +397,53 @@ def transducer_lattice(
 
 # --------------------------------------------------------------------------- max-plus
 @njit(cache=True, nogil=True)
-def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, kind, idx, dur, ce, score, frames, arcs, b):
-    """Sequence ``b``: the max-plus recursion with back-pointers, then the backtrack.
+def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, bc, ec, nq, bd, ed, kind, idx, dur, ce, score,
+                   frames, arcs, b):
+    """Sequence ``b``: its best scores by ``sweep`` in max-plus (``bc``/``ec`` the arcs'
+    columns, ``nq`` -1s), then the backtrack from ``(T_b, U_b)``.
 
-    Candidates in the tie-break order of ``reference.viterbi_order`` (``kind`` 1 for an
-    emission, ``idx`` the arc's index, ``dur`` its duration); a later one wins only when
-    strictly greater, so -inf and NaN never win. Row order: every arc into ``(t, u)``
-    leaves a state of an earlier row, or of the same row at ``u - 1``.
+    No back-pointers: at each state of the path its candidates are recomputed in the
+    tie-break order of ``reference.viterbi_order`` (``kind`` 1 for an emission, ``idx``
+    the arc's index, ``dur`` its duration) and the first equal to the state's best wins
+    (a later one wins only when strictly greater). ``delta[source] + float64(arc)`` is
+    the very sum the sweep maxed over, so the equality is exact; on a path from a
+    finite score no term is -inf, where the sweep's guard would differ from the sum.
 
     Updates: ``score[b]``, ``frames[b, :U_b]``, ``arcs[b, :U_b]`` (prefilled -inf, -1).
     """
     Tb, Ub = Tl[b], Ul[b]
     if Tb == 0:
         return
-    K = kind.shape[0]
+    ab = arc_blank[b]
+    ae = arc_emit[b]
     delta = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
-    bp = np.empty((Tb + 1, Ub + 1), dtype=np.int64)
-    delta[0, 0] = 0.0
-    bp[0, 0] = -1
-    for t in range(Tb + 1):
-        for u in range(1 if t == 0 else 0, Ub + 1):
-            best = NEG_INF
-            arg = -1
-            for k in range(K):
-                ts = t - dur[k]
-                if ts < 0:
-                    continue
-                if kind[k] == 0:
-                    v = delta[ts, u] + np.float64(arc_blank[b, ts, u, idx[k]])
-                else:
-                    if u == 0 or ts >= Tb or t >= Tb + ce:
-                        continue
-                    v = delta[ts, u - 1] + np.float64(arc_emit[b, ts, u - 1, idx[k]])
-                if v > best:
-                    best = v
-                    arg = k
-            delta[t, u] = best
-            bp[t, u] = arg
+    sweep(ab, ae, ab, bc, nq, ec, nq, bd, ed, ce, Tb, Ub, delta, 0, MAXPLUS)
     score[b] = delta[Tb, Ub]
     if not delta[Tb, Ub] > NEG_INF:
         return
+    K = kind.shape[0]
     t, u = Tb, Ub
-    while bp[t, u] >= 0:
-        k = bp[t, u]
-        t -= dur[k]
+    while t > 0 or u > 0:
+        best = delta[t, u]
+        k = 0
+        ts = t
+        while k < K:
+            ts = t - dur[k]
+            if ts >= 0:
+                if kind[k] == 0:
+                    if delta[ts, u] + np.float64(ab[ts, u, idx[k]]) == best:
+                        break
+                elif u > 0 and ts < Tb and t < Tb + ce:
+                    if delta[ts, u - 1] + np.float64(ae[ts, u - 1, idx[k]]) == best:
+                        break
+            k += 1
+        if k == K:  # unreachable (the sweep's max is one of these sums); never loop
+            score[b] = NAN
+            for v in range(Ub):
+                frames[b, v] = -1
+                arcs[b, v] = -1
+            return
+        t = ts
         if kind[k] == 1:
             u -= 1
             frames[b, u] = t
@@ -437,8 +473,13 @@ def transducer_viterbi(
     # Numba cannot view a zero-size axis reliably; with U = 0 nothing is written to these.
     fr = frames if U1 > 1 else frames.new_full((B, 1), -1)
     ar = arcs if U1 > 1 else arcs.new_full((B, 1), -1)
+    Db, De = len(blank_durations), len(emit_durations)
     run_jobs(viterbi_kernel,
-             (arc_blank.contiguous().numpy(), arc_emit.contiguous().numpy(), Tl, Ul, kind, idx,
-              dur, int(bool(emit_can_end)), score.numpy(), fr.numpy(), ar.numpy()),
+             (arc_blank.contiguous().numpy(), arc_emit.contiguous().numpy(), Tl, Ul,
+              own_lines(np.arange(Db, dtype=np.int64)), own_lines(np.arange(De, dtype=np.int64)),
+              own_lines(np.full(max(Db, De), -1, dtype=np.int64)),
+              own_lines(np.asarray(blank_durations, dtype=np.int64)),
+              own_lines(np.asarray(emit_durations, dtype=np.int64)), kind, idx, dur,
+              int(bool(emit_can_end)), score.numpy(), fr.numpy(), ar.numpy()),
              range(B), order=Tl * (Ul + 1))
     return score, frames, arcs
