@@ -51,8 +51,8 @@ def enumerate_paths(moves, Tb: int, Ub: int,
 def brute_viterbi(moves, Tb: int, Ub: int, emit_can_end: bool = False):
     """The best path, ties broken as documented: read backwards from the end, the path
     whose states come earliest in t (then latest in u) where best paths part.
-    Returns ``(best score, frames, durations, max over all paths)`` or None (no path
-    of nonzero probability)."""
+    Returns ``(best score, frames, durations, max over all paths but NaN ones)`` or None
+    (no path of nonzero probability)."""
     best = None
     paths = enumerate_paths(moves, Tb, Ub, emit_can_end)
     for score, states, frames, durs in paths:
@@ -63,7 +63,7 @@ def brute_viterbi(moves, Tb: int, Ub: int, emit_can_end: bool = False):
             best = (score, key, frames, durs)
     if best is None:
         return None
-    return best[0], best[2], best[3], max(p[0] for p in paths)
+    return best[0], best[2], best[3], max(p[0] for p in paths if p[0] == p[0])
 
 
 def rnnt_moves(lp, target, blank):
@@ -222,7 +222,8 @@ def test_tdt_pair_equals_joint(backend):
 # ------------------------------------------------------------------ the lattice, any durations
 @pytest.mark.parametrize("seed", range(4))
 def test_lattice_viterbi_brute_force(backend, seed):
-    """The max-plus semiring itself: any blank and emission durations, emit_can_end."""
+    """The max-plus semiring itself: any blank and emission durations, emit_can_end;
+    NaN arcs (a path through one is no best path: the oracle skips its NaN score)."""
     g = torch.Generator().manual_seed(seed)
     bd = [(1,), (1, 2), (3, 1, 2), (2, 1)][seed]
     ed = [(0,), (0, 1), (1, 0, 2), (0,)][seed]
@@ -232,6 +233,8 @@ def test_lattice_viterbi_brute_force(backend, seed):
     ab = torch.randint(-2, 1, (B, T, U1, len(bd)), generator=g).double()
     ae = torch.randint(-2, 1, (B, T, U1, len(ed)), generator=g).double()
     ab[torch.rand(ab.shape, generator=g) < 0.15] = -INF
+    ab[torch.rand(ab.shape, generator=g) < 0.1] = float("nan")
+    ae[torch.rand(ae.shape, generator=g) < 0.1] = float("nan")
     device = device_for(backend)
     score, frames, arcs = lattice_viterbi(ab.to(device), ae.to(device),
                                           torch.tensor(Tl, device=device),
