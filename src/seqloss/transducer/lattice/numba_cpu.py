@@ -1,8 +1,11 @@
-r"""The transducer lattice on CPU with Numba: alpha, beta and the arc occupations.
+r"""The transducer lattice on CPU with Numba: alpha, beta and the arc occupations; the
+best paths.
 
-Implements ``transducer_lattice`` of ``seqloss.transducer.lattice.reference`` (same
-signature and semantics). Sequences (and the two directions) are independent jobs on
-the one fork-safe thread pool of GIL-free calls (``seqloss._core.numba_pool``).
+Implements ``transducer_lattice`` and ``transducer_viterbi`` of
+``seqloss.transducer.lattice.reference`` (same signatures and semantics), both by the
+one recursion, ``sweep``, in the log or the max-plus semiring. Sequences (and the two
+directions) are independent jobs on the one fork-safe thread pool of GIL-free calls
+(``seqloss._core.numba_pool``).
 """
 
 from __future__ import annotations
@@ -406,8 +409,8 @@ def viterbi_kernel(arc_blank, arc_emit, Tl, Ul, bc, ec, nq, bd, ed, kind, idx, d
     tie-break order of ``reference.viterbi_order`` (``kind`` 1 for an emission, ``idx``
     the arc's index, ``dur`` its duration) and the first equal to the state's best wins
     (a later one wins only when strictly greater). ``delta[source] + float64(arc)`` is
-    the very sum the sweep maxed over, so the equality is exact; on a path from a
-    finite score no term is -inf, where the sweep's guard would differ from the sum.
+    the very sum the sweep maxed over (its -inf guard changes a sum only where a side
+    is -inf, never on a path scoring above -inf), so the equality is exact.
 
     Updates: ``score[b]``, ``frames[b, :U_b]``, ``arcs[b, :U_b]`` (prefilled -inf, -1).
     """

@@ -61,7 +61,8 @@ over paths (the alignments of ``seqloss.align``). Every backend also exposes::
 
 ``delta(t, u) = max`` over the same incoming arcs of ``delta(source) + arc``, in float64
 (one addition per arc, exact maxima, so every backend gives the same bits), with an
-argmax back-pointer per state; ``score = delta(T_b, U_b)``. Following the
+argmax back-pointer per state (stored, or recomputed by the backtrack from ``delta``
+alone: the same sums, so the same bits); ``score = delta(T_b, U_b)``. Following the
 back-pointers from ``(T_b, U_b)`` gives, for token ``u`` (``u < U_b``), the frame
 its emission arc leaves (``frames``) and which emission arc it is (``emit_arcs``, an
 index into ``emit_durations``); ``-1`` past ``U_b`` and for a sequence with no path
