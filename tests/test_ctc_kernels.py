@@ -211,6 +211,41 @@ def test_threads_follow_torch_and_do_not_change_results(monkeypatch):
 
 
 @numba_only
+def test_threads_keep_subnormals_after_the_fast_path(monkeypatch):
+    """The fast path runs with x86's flush-to-zero flags set (a subnormal is never a value
+    it keeps, only a slow one to form); every thread that ran it, the caller's and the
+    pool's, gets its float state back: subnormals survive arithmetic afterwards."""
+    import threading
+
+    import numpy as np
+
+    from seqloss._core.numba_pool import run_jobs
+
+    def subnormals_survive() -> bool:
+        tiny = np.float64(5e-324)  # the least subnormal
+        return bool(tiny * 1.0 == tiny and np.float32(1e-45) * np.float32(1.0) > 0
+                    and torch.tensor(1e-320, dtype=torch.float64).mul(1.0).item() > 0)
+
+    old = torch.get_num_threads()
+    x, tg, il, tl = _inputs(40, 6, 5, 6, seed=11)
+    lp = x.log_softmax(-1)
+    try:
+        for n, min_cells in ((1, nk.POOL_MIN_CELLS), (2, 0)):
+            torch.set_num_threads(n)
+            monkeypatch.setattr(nk, "POOL_MIN_CELLS", min_cells)
+            status: list[str] = []
+            nk.ctc_loss_forward(lp, tg, il, tl, 0, False, True, _status=status)
+            assert "fast" in status
+            assert subnormals_survive()
+        seen: dict[str, bool] = {}
+        run_jobs(lambda job: seen.__setitem__(threading.current_thread().name,
+                                              subnormals_survive()), (), range(64))
+        assert seen and all(seen.values()), seen
+    finally:
+        torch.set_num_threads(old)
+
+
+@numba_only
 def test_pool_survives_fork():
     import multiprocessing as mp
     import os
