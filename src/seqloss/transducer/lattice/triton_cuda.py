@@ -21,7 +21,9 @@ reads what another program of the same launch writes):
    occupations.
 
 Accumulation in float64 whatever the arcs' dtype (see the kernel). ``emit_can_end`` is
-a ``tl.constexpr``: the default topology compiles exactly as before it existed.
+a ``tl.constexpr``: the default topology compiles exactly as before it existed. So is
+the semiring (``MAXPLUS``: the alpha pass with ``max``, Viterbi's forward pass, launched
+by ``triton_viterbi``): the log semiring's kernels compile to the same PTX as before it.
 """
 
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
@@ -71,8 +73,10 @@ def _round_bf16(x):
 def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
                 s_ab_t, s_ab_d, s_ae_t, s_ae_u, s_ae_d,
                 NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, ACC: tl.constexpr,
-                BLOCK_U: tl.constexpr):
-    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n-u, u)``)."""
+                BLOCK_U: tl.constexpr, MAXPLUS: tl.constexpr):
+    """Forward variables of one sequence, diagonal by diagonal (lane ``u``: state ``(n-u, u)``);
+    with ``MAXPLUS`` the best scores instead (``max`` for the log-sum-exp: a NaN or
+    ``-inf`` term never wins: ``-inf`` when no term is above it)."""
     tl.store(p_a + o_u, tl.zeros([BLOCK_U], ACC), mask=o_u == 0)
     tl.debug_barrier()
     # Each state is an online log-sum-exp over its incoming arcs, kept as
@@ -100,10 +104,13 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
             b_x = tl.load(p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
             b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
                            b_s + b_x)
-            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
-            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
-            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
-            b_m = b_hi
+            if MAXPLUS:
+                b_m = tl.where(b_v > b_m, b_v, b_m)
+            else:
+                b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+                b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+                b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+                b_m = b_hi
         for j in tl.static_range(NE):
             ts = t - tl.load(ed_ptr + j)
             # An emission lands on the last frame T_b only with EMIT_CAN_END (else the
@@ -117,13 +124,19 @@ def _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_a, ll_ptr, i_b, T_b, U_b, U1, o_u,
                           other=float("-inf")).to(ACC)
             b_v = tl.where((b_s == float("-inf")) | (b_x == float("-inf")), float("-inf"),
                            b_s + b_x)
-            b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
-            b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
-            b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
-            b_m = b_hi
-        b_u = 1.0 + b_r
-        one = b_u == 1.0
-        b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
+            if MAXPLUS:
+                b_m = tl.where(b_v > b_m, b_v, b_m)
+            else:
+                b_hi = tl.maximum(b_m, b_v, propagate_nan=tl.PropagateNan.ALL)
+                b_e = tl.exp(tl.minimum(b_m, b_v) - tl.where(b_hi == float("-inf"), 0.0, b_hi))
+                b_r = tl.where(b_v > b_m, (1.0 + b_r) * b_e, b_r + b_e)
+                b_m = b_hi
+        if MAXPLUS:
+            b_val = b_m
+        else:
+            b_u = 1.0 + b_r
+            one = b_u == 1.0
+            b_val = b_m + tl.where(one, b_r, tl.log(b_u) * (b_r / tl.where(one, 1.0, b_u - 1.0)))
         tl.store(p_a + t * U1 + o_u, b_val, mask=m_st)
         tl.debug_barrier()
     b_ll = tl.load(p_a + T_b * U1 + U_b)
@@ -184,9 +197,11 @@ def transducer_alpha_beta_kernel(
     T, U1,
     s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
     NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr,
-    PACKED: tl.constexpr, BLOCK_U: tl.constexpr,
+    PACKED: tl.constexpr, BLOCK_U: tl.constexpr, MAXPLUS: tl.constexpr = False,
 ):
     r"""Program ``(b, 0)``: alpha of sequence ``b``; program ``(b, 1)``: its beta.
+    ``MAXPLUS``: the max-plus semiring, alpha only (Viterbi's best scores, ``ll`` the best
+    path's; ``triton_viterbi`` backtracks from them).
 
     Anti-diagonal ``n = t + u`` holds the states ``(n - u, u)``, one per lane ``u``::
 
@@ -251,10 +266,14 @@ def transducer_alpha_beta_kernel(
         s_ab_ts = s_ab_t
         s_ae_ts = s_ae_t
         o_seq = i_b * (T + 1) * U1
-    if i_dir == 0:
+    if MAXPLUS:
         _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1_s,
                     o_u, s_ab_ts, s_ab_d, s_ae_ts, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC,
-                    BLOCK_U)
+                    BLOCK_U, True)
+    elif i_dir == 0:
+        _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1_s,
+                    o_u, s_ab_ts, s_ab_d, s_ae_ts, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC,
+                    BLOCK_U, False)
     else:
         _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, beta_ptr + o_seq, T_b, U_b, U1_s, o_u,
                    s_ab_ts, s_ab_d, s_ae_ts, s_ae_d, NB, NE, EMIT_CAN_END, ACC, BLOCK_U)

@@ -4,13 +4,11 @@ Implements ``transducer_viterbi`` of ``seqloss.transducer.lattice.reference`` (s
 signature, semantics and bits: one float64 addition per arc, exact maxima, the same
 tie-break). Two launches, one program per sequence each:
 
-1. ``viterbi_forward_kernel`` walks the anti-diagonals ``n = t + u`` as the log
-   semiring's alpha pass does (``triton_cuda._alpha_pass``: lane ``u`` holds state
-   ``(n - u, u)``, each diagonal stored to the program's own ``(T+1, U+1)`` scratch
-   and followed by ``tl.debug_barrier()``; the race-freedom argument is that kernel's),
-   keeping the maximum and the arc that gives it (the back-pointer);
-2. ``viterbi_backtrack_kernel`` follows the back-pointers from ``(T_b, U_b)``, a scalar
-   loop of at most ``T_b + U_b`` steps.
+1. the lattice's own ``triton_cuda.transducer_alpha_beta_kernel`` with ``MAXPLUS``: its
+   alpha pass with ``max`` for the log-sum-exp fills ``delta``, the best score of every
+   state, and the score;
+2. ``viterbi_backtrack_kernel`` walks from ``(T_b, U_b)``, a scalar loop of at most
+   ``T_b + U_b`` steps, recomputing each state's candidates (no back-pointers stored).
 """
 
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
@@ -23,6 +21,7 @@ import triton.language as tl
 
 from ..._core.triton_compat import state_warps as _state_warps  # also: the interpreter fixes
 from .reference import viterbi_order
+from .triton_cuda import transducer_alpha_beta_kernel
 
 __all__ = ["transducer_viterbi"]
 
@@ -30,98 +29,34 @@ NEG_INF = float("-inf")
 
 
 @triton.jit
-def viterbi_forward_kernel(
-    ab_ptr, ae_ptr, bd_ptr, ed_ptr, rb_ptr, re_ptr, il_ptr, tl_ptr, delta_ptr, bp_ptr, score_ptr,
-    T, U1,
-    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
-    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr, BLOCK_U: tl.constexpr,
-):
-    """Program ``b``: ``delta(t, u) = max(delta(source) + arc)`` over sequence ``b``'s states.
-
-    The candidates are visited blank-like arcs first, then emissions; ``rb``/``re`` hold
-    each arc's rank in ``reference.viterbi_order``, and a candidate takes over when
-    strictly greater, or equal (and finite) with a smaller rank: the maximum with the
-    first-ranked arc among those that reach it, as the reference's ordered strict
-    comparison gives.
-
-    Updates:
-        delta (B, T+1, U+1) float64, bp (B, T+1, U+1) int32 (the arc's code: ``i`` for
-        blank-like arc ``i``, ``NB + j`` for emission ``j``, -1 for none): the states
-        ``t <= T_b``, ``u <= U_b``.
-        score (B,): ``delta(T_b, U_b)``, ``-inf`` when ``T_b = 0``.
-    """
-    ACC = tl.float64
-    i_b = tl.program_id(0).to(tl.int64)
-    T_b = tl.load(il_ptr + i_b)
-    U_b = tl.load(tl_ptr + i_b)
-    o_u = tl.arange(0, BLOCK_U)
-    o_u64 = o_u.to(tl.int64)  # for the strides: a non-contiguous arc tensor's may be large
-    p_ab = ab_ptr + i_b * s_ab_b + o_u64 * s_ab_u
-    p_ae = ae_ptr + i_b * s_ae_b + o_u64 * s_ae_u
-    o_seq = i_b * (T + 1) * U1
-    p_d = delta_ptr + o_seq
-    p_bp = bp_ptr + o_seq
-    tl.store(p_d + o_u, tl.zeros([BLOCK_U], ACC), mask=o_u == 0)
-    tl.store(p_bp + o_u, tl.full([BLOCK_U], -1, tl.int32), mask=o_u == 0)
-    tl.debug_barrier()
-    for n in range(1, T_b + U_b + 1):
-        t = n - o_u
-        m_st = (o_u <= U_b) & (t >= 0) & (t <= T_b)
-        b_best = tl.full([BLOCK_U], float("-inf"), ACC)
-        b_arg = tl.full([BLOCK_U], -1, tl.int32)
-        b_rank = tl.full([BLOCK_U], NB + NE, tl.int32)
-        for i in tl.static_range(NB):
-            ts = t - tl.load(bd_ptr + i)
-            m_a = m_st & (ts >= 0)
-            b_s = tl.load(p_d + ts * U1 + o_u, mask=m_a, other=float("-inf"))
-            b_x = tl.load(p_ab + ts * s_ab_t + i * s_ab_d, mask=m_a, other=float("-inf")).to(ACC)
-            b_v = b_s + b_x
-            r = tl.load(rb_ptr + i).to(tl.int32)
-            take = m_a & ((b_v > b_best) | ((b_v == b_best) & (b_v > float("-inf"))
-                                            & (r < b_rank)))
-            b_best = tl.where(take, b_v, b_best)
-            b_arg = tl.where(take, i, b_arg)
-            b_rank = tl.where(take, r, b_rank)
-        for j in tl.static_range(NE):
-            ts = t - tl.load(ed_ptr + j)
-            if EMIT_CAN_END:
-                m_a = m_st & (ts < T_b) & (o_u >= 1) & (ts >= 0)
-            else:
-                m_a = m_st & (t < T_b) & (o_u >= 1) & (ts >= 0)
-            b_s = tl.load(p_d + ts * U1 + o_u - 1, mask=m_a, other=float("-inf"))
-            b_x = tl.load(p_ae + ts * s_ae_t - s_ae_u + j * s_ae_d, mask=m_a,
-                          other=float("-inf")).to(ACC)
-            b_v = b_s + b_x
-            r = tl.load(re_ptr + j).to(tl.int32)
-            take = m_a & ((b_v > b_best) | ((b_v == b_best) & (b_v > float("-inf"))
-                                            & (r < b_rank)))
-            b_best = tl.where(take, b_v, b_best)
-            b_arg = tl.where(take, NB + j, b_arg)
-            b_rank = tl.where(take, r, b_rank)
-        tl.store(p_d + t * U1 + o_u, b_best, mask=m_st)
-        tl.store(p_bp + t * U1 + o_u, b_arg, mask=m_st)
-        tl.debug_barrier()
-    b_sc = tl.load(p_d + T_b * U1 + U_b)
-    tl.store(score_ptr + i_b, tl.where(T_b > 0, b_sc, float("-inf")))
-
-
-@triton.jit
 def viterbi_backtrack_kernel(
-    bd_ptr, ed_ptr, il_ptr, tl_ptr, bp_ptr, score_ptr, frames_ptr, arcs_ptr,
+    ab_ptr, ae_ptr, bd_ptr, ed_ptr, rb_ptr, re_ptr, il_ptr, tl_ptr, delta_ptr, score_ptr,
+    frames_ptr, arcs_ptr,
     T, U1, U,
-    NB: tl.constexpr,
+    s_ab_b, s_ab_t, s_ab_u, s_ab_d, s_ae_b, s_ae_t, s_ae_u, s_ae_d,
+    NB: tl.constexpr, NE: tl.constexpr, EMIT_CAN_END: tl.constexpr,
 ):
-    """Program ``b``: walk the back-pointers from ``(T_b, U_b)`` to ``(0, 0)``.
+    """Program ``b``: the best path from ``(T_b, U_b)`` back to ``(0, 0)``.
+
+    At each state the candidates ``delta(source) + arc`` are recomputed: the one that
+    equals ``delta`` of the state and comes first in ``reference.viterbi_order``
+    (``rb``/``re``: each arc's rank) is the back-pointer the reference stores. The
+    sums are the very ones the max-plus pass maxed over (its -inf guard changes a sum
+    only where a side is -inf, never on a path scoring above -inf), so the equality
+    is exact.
 
     Updates:
         frames (B, U), arcs (B, U): each token's source frame and emission arc (found
         paths only; the rest keep their -1).
     """
+    ACC = tl.float64
     i_b = tl.program_id(0).to(tl.int64)
     T_b = tl.load(il_ptr + i_b)
     U_b = tl.load(tl_ptr + i_b)
     found = tl.load(score_ptr + i_b) > float("-inf")
-    p_bp = bp_ptr + i_b * (T + 1) * U1
+    p_d = delta_ptr + i_b * (T + 1) * U1
+    p_ab = ab_ptr + i_b * s_ab_b
+    p_ae = ae_ptr + i_b * s_ae_b
     t = T_b
     u = U_b
     # Stores go through a two-lane block whose second lane is always masked off:
@@ -129,18 +64,45 @@ def viterbi_backtrack_kernel(
     # stores unmasked whenever a scalar (or one-lane) mask is False.
     o_2 = tl.arange(0, 2)
     for _ in range(0, T_b + U_b):
-        code = tl.load(p_bp + t * U1 + u, mask=found & ((t > 0) | (u > 0)), other=-1)
-        live = code >= 0
-        emit = live & (code >= NB)
-        j = tl.where(emit, code - NB, 0)
-        i = tl.where(live & (code < NB), code, 0)
-        d_e = tl.load(ed_ptr + j)
-        d_b = tl.load(bd_ptr + i)
-        t = tl.where(emit, t - d_e, tl.where(live, t - d_b, t))
+        go = found & ((t > 0) | (u > 0))
+        best = tl.load(p_d + t * U1 + u, mask=go, other=float("-inf"))
+        b_rank = NB + NE
+        b_code = -1
+        b_ts = t
+        for i in tl.static_range(NB):
+            ts = t - tl.load(bd_ptr + i)
+            m_a = go & (ts >= 0)
+            v = (tl.load(p_d + ts * U1 + u, mask=m_a, other=float("-inf"))
+                 + tl.load(p_ab + ts * s_ab_t + u * s_ab_u + i * s_ab_d, mask=m_a,
+                           other=float("-inf")).to(ACC))
+            r = tl.load(rb_ptr + i).to(tl.int32)
+            take = m_a & (v == best) & (r < b_rank)
+            b_rank = tl.where(take, r, b_rank)
+            b_code = tl.where(take, i, b_code)
+            b_ts = tl.where(take, ts, b_ts)
+        for j in tl.static_range(NE):
+            ts = t - tl.load(ed_ptr + j)
+            if EMIT_CAN_END:
+                m_a = go & (ts < T_b) & (u >= 1) & (ts >= 0)
+            else:
+                m_a = go & (t < T_b) & (u >= 1) & (ts >= 0)
+            v = (tl.load(p_d + ts * U1 + u - 1, mask=m_a, other=float("-inf"))
+                 + tl.load(p_ae + ts * s_ae_t + (u - 1) * s_ae_u + j * s_ae_d, mask=m_a,
+                           other=float("-inf")).to(ACC))
+            r = tl.load(re_ptr + j).to(tl.int32)
+            take = m_a & (v == best) & (r < b_rank)
+            b_rank = tl.where(take, r, b_rank)
+            b_code = tl.where(take, NB + j, b_code)
+            b_ts = tl.where(take, ts, b_ts)
+        # The source frame is the winner's own (no further load on the step's chain);
+        # with no winner (the start, or no path) nothing moves.
+        emit = b_code >= NB
+        k_e = tl.where(emit, b_code - NB, 0)
+        t = b_ts
         u = tl.where(emit, u - 1, u)
         m = o_2 < tl.where(emit, 1, 0)
         tl.store(frames_ptr + i_b * U + u + o_2, t + o_2 * 0, mask=m)
-        tl.store(arcs_ptr + i_b * U + u + o_2, (j + o_2 * 0).to(tl.int64), mask=m)
+        tl.store(arcs_ptr + i_b * U + u + o_2, (k_e + o_2 * 0).to(tl.int64), mask=m)
 
 
 _SMALL: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
@@ -186,18 +148,19 @@ def transducer_viterbi(
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     delta = torch.empty((B, T + 1, U1), dtype=torch.float64, device=device)
-    bp = torch.empty((B, T + 1, U1), dtype=torch.int32, device=device)
     # A zero-size arc axis has no usable strides; nothing is loaded from it.
     ae = arc_emit if arc_emit.numel() else arc_blank
     block_u = max(16, triton.next_power_of_2(U1))
+    nb, ne, ce = Db, len(emit_durations), bool(emit_can_end)
     with _device_guard(arc_blank):
-        viterbi_forward_kernel[(B,)](
-            arc_blank, ae, bd, ed, rb, re, il, tlen, delta, bp, score, T, U1,
+        transducer_alpha_beta_kernel[(B, 1)](
+            arc_blank, ae, bd, ed, il, tlen, il, il, delta, delta, score, T, U1,
             *arc_blank.stride(), *ae.stride(),
-            NB=Db, NE=len(emit_durations), EMIT_CAN_END=bool(emit_can_end), BLOCK_U=block_u,
+            NB=nb, NE=ne, EMIT_CAN_END=ce, PACKED=False, BLOCK_U=block_u, MAXPLUS=True,
             num_warps=_state_warps(block_u),
         )
         viterbi_backtrack_kernel[(B,)](
-            bd, ed, il, tlen, bp, score, frames, arcs, T, U1, max(U, 1), NB=Db, num_warps=1,
+            arc_blank, ae, bd, ed, rb, re, il, tlen, delta, score, frames, arcs, T, U1, max(U, 1),
+            *arc_blank.stride(), *ae.stride(), NB=nb, NE=ne, EMIT_CAN_END=ce, num_warps=1,
         )
     return score, frames, arcs
