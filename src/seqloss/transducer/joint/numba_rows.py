@@ -184,18 +184,65 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
     oef = oe.reshape(-1)
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
-    wbuf = np.empty(4, g.dtype)  # in g's dtype: the row's products stay in its precision
-    wbuf[3] = np.finfo(g.dtype).tiny
+    tiny = np.finfo(g.dtype).tiny
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             gr = g0 + t * gs0 + u * gs1
             _row_grad(g[gr : gr + V], V, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
-                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, wbuf)
+                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, wbuf):
+def grad_row(row, V, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp, gscale, tiny):
+    """The joint's gradient epilogue on one row, in place: the one row body of every Numba
+    path (the row passes here, HAT's, and the many-arc tables' lattice kernel)::
+
+        row = clamp(row w - sum_k occ[o0 + k] [c = cls[k]] - oy [c = y]) * gscale
+
+    ``row`` holds ``exp(x - m)`` (the prologue's), ``w = occupancy / sum exp(x - m)``;
+    ``w = 0``: the row is zeroed, whatever it holds (the gradient of log-probabilities,
+    or a row too improbable to show). ``y < 0``: no emission out of the row. ``hb >= 0``:
+    HAT's blank class, written ``gb`` after the scaling instead. ``clamp <= 0``: none.
+    A product or difference below ``tiny`` in magnitude is written as 0: the row
+    passes flush subnormals (the joint's backward matmul reads them many times slower
+    on x86), the table kernel passes half the least subnormal (what rounds to 0 anyway,
+    without the store's microcode assist). ``desc``: the row backwards (the table
+    kernel visits rows in descending order: one descending stream the prefetcher
+    follows). NaN stays NaN.
+    """
+    if w == 0:
+        for v in range(V):
+            row[v] = 0.0
+    elif desc:
+        for v in range(V - 1, -1, -1):
+            p = row[v] * w
+            row[v] = 0.0 if abs(p) < tiny else p
+    else:
+        for v in range(V):
+            p = row[v] * w
+            row[v] = 0.0 if abs(p) < tiny else p
+    for k in range(nc):
+        c = cls[k]
+        d = row[c] - occ[o0 + k]
+        row[c] = 0.0 if abs(d) < tiny else d
+    if hb >= 0:
+        row[hb] = 0.0 if abs(gb) < tiny else gb
+    if y >= 0:
+        d = row[y] - oy
+        row[y] = 0.0 if abs(d) < tiny else d
+    if clamp > 0:
+        h = row.dtype.type(clamp)
+        for v in range(V):
+            row[v] = min(max(row[v], -h), h)
+    if gscale != 1.0:
+        sc = row.dtype.type(gscale)
+        for v in range(V):
+            row[v] *= sc
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tiny):
     """One row of ``_epilogue_job`` over its ``exp(x - m)`` in ``grow``, ``s`` its sum;
     ``y``: the emission arcs' class, or -1 (no emission out of the row)."""
     total = 0.0
@@ -208,20 +255,8 @@ def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, wbu
         oes *= scale
     total += oes
     s64 = np.float64(s)
-    wbuf[0] = total / s64 if s64 > 0 else 0.0
-    wbuf[1] = clamp if clamp > 0 else np.inf
-    wbuf[2] = gscale
-    w, h, sc, tiny = wbuf[0], wbuf[1], wbuf[2], wbuf[3]
-    for v in range(V):
-        p = grow[v] * w
-        grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
-    for i in range(Db):
-        grow[cls[i]] -= obf[k * Db + i]
-    if y >= 0:
-        grow[y] -= oes
-    if clamp > 0 or gscale != 1.0:
-        for v in range(V):
-            grow[v] = min(max(grow[v], -h), h) * sc
+    w = grow.dtype.type(total / s64 if s64 > 0 else 0.0)
+    grad_row(grow, V, w, False, cls, obf, k * Db, Db, y, oes, -1, 0.0, clamp, gscale, tiny)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
@@ -241,8 +276,7 @@ def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, 
     oef = oe.reshape(-1)
     zero = np.zeros(1, x.dtype)[0]
     acc = np.empty(_LANES, x.dtype)
-    wbuf = np.empty(4, g.dtype)
-    wbuf[3] = np.finfo(g.dtype).tiny
+    tiny = np.finfo(g.dtype).tiny
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
             gr = g0 + t * gs0 + u * gs1
@@ -267,7 +301,7 @@ def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, 
                     grow[v] = e
                     s += e
             _row_grad(grow, V, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u, cls,
-                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, wbuf)
+                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
 # --------------------------------------------------------------------------- HAT
@@ -356,32 +390,19 @@ def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, 
     lsf = lsb.reshape(-1)
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
-    hi = clamp if clamp > 0 else np.inf
-    wbuf = np.empty(4, g.dtype)
-    wbuf[3] = np.finfo(g.dtype).tiny
-    tiny = wbuf[3]
+    tiny = np.finfo(g.dtype).tiny
+    none = np.empty(0, np.int64)
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             o_b = np.float64(obf[k])
             oes = np.float64(oef[k]) * scale if u < ub else 0.0
             s = np.float64(rs[k])
-            wbuf[0] = oes / s if s > 0 else 0.0
-            wbuf[1] = hi
-            wbuf[2] = gscale
-            w, h, sc = wbuf[0], wbuf[1], wbuf[2]
             gr = g0 + t * gs0 + u * gs1
-            grow = g[gr : gr + V]
-            for v in range(V):
-                p = grow[v] * w
-                grow[v] = 0.0 if abs(p) < tiny else p  # NaN stays
+            w = g.dtype.type(oes / s if s > 0 else 0.0)
             gb = math.exp(lsf[k]) * (o_b + oes) - o_b
-            grow[blank] = 0.0 if abs(gb) < tiny else gb
-            if u < ub:
-                grow[tg[b, u]] -= oes
-            if clamp > 0 or gscale != 1.0:
-                for v in range(V):
-                    grow[v] = min(max(grow[v], -h), h) * sc
+            grad_row(g[gr : gr + V], V, w, False, none, obf, 0, 0, tg[b, u] if u < ub else -1,
+                     oes, blank, gb, clamp, gscale, tiny)
 
 
 # --------------------------------------------------------------------------- drivers
