@@ -42,7 +42,7 @@ from ..._core import buffers
 from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
 from ..lattice.numba_cpu import LOG, sweep, transducer_lattice
-from .numba_rows import RowPasses, rows_ok
+from .numba_rows import RowPasses, grad_row, rows_ok
 from .table import JointTable
 
 NEG_INF = float("-inf")
@@ -290,43 +290,24 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                         od[edl[j]] += o
                     total += o
             r = base[b] + t * st[b] + u
-            row = gt[r * Wt : r * Wt + V]  # (a view: the loops below vectorize)
-            # Values of magnitude <= ``tiny`` (half the output dtype's least subnormal)
-            # round to 0: stored as 0 directly, exactly the rounded value, without the
-            # microcode assist a subnormal result costs (rows of improbable states).
+            w = gt.dtype.type(0.0)  # not fused: the gradient of log-probabilities
             if fused:
                 sv = np.float64(rs[b, t, u])
                 wv = total / sv if sv > 0.0 else 0.0
                 # every exp(x - m) w <= w: at or below tiny the row rounds to 0 (the
-                # row's values are finite: a NaN sequence is skipped), written by the
-                # same loop: a memset of a cold row (ascending, rep stosb) cost more
-                # than this prefetched stream (multi-blank at delay_penalty=0.5, where
-                # ~40% of the rows are improbable: +8 ms of 43 ms)
+                # row's values are finite: a NaN sequence is skipped), scaled by 0 in
+                # grad_row's loop: a memset of a cold row (ascending, rep stosb) cost
+                # more than this prefetched stream (multi-blank at delay_penalty=0.5,
+                # where ~40% of the rows are improbable: +8 ms of 43 ms)
                 w = gt.dtype.type(wv) if wv > tiny else gt.dtype.type(0.0)
-                # Backwards, as the sweep visits the rows: one descending stream
-                # through the gradient, which the hardware prefetcher follows (rows
-                # read forwards each started on cold lines: B4-T200-U50-V256 453 ->
-                # 205 ns a state, V=1024 498 -> 296, V=128 248 -> 183).
-                for v in range(V - 1, -1, -1):
-                    row[v] *= w
-                for k in range(nu):
-                    row[uniq[k]] = _flush(row[uniq[k]] - oc[k], tiny)
-                if u < Ub:
-                    row[tg[b, u]] = _flush(row[tg[b, u]] - oe, tiny)
-            else:
-                row[:] = 0.0
-                for k in range(nu):
-                    row[uniq[k]] = _flush(-oc[k], tiny)
-                if u < Ub:
-                    row[tg[b, u]] = _flush(-oe, tiny)
-            if clamp > 0.0:
-                hi = gt.dtype.type(clamp)
-                for v in range(V):
-                    row[v] = min(max(row[v], -hi), hi)
-            if gscale != 1.0:
-                gsc = gt.dtype.type(gscale)
-                for v in range(V):
-                    row[v] *= gsc
+            # Backwards, as the sweep visits the rows: one descending stream through the
+            # gradient, which the hardware prefetcher follows (rows read forwards each
+            # started on cold lines: B4-T200-U50-V256 453 -> 205 ns a state, V=1024 498 ->
+            # 296, V=128 248 -> 183). Values of magnitude <= ``tiny`` (half the output
+            # dtype's least subnormal) round to 0: stored as 0 directly, without the
+            # microcode assist a subnormal result costs (rows of improbable states).
+            grad_row(gt, r * Wt, V, fused, w, True, uniq, oc, 0, nu, tg[b, u] if u < Ub else -1,
+                     oe, -1, 0.0, clamp, gscale, tiny)
             d0 = r * Wd + cd
             for k in range(D):
                 # The softmax in the gradient's dtype (float32: the exp twice as fast;

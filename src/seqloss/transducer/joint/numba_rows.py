@@ -189,62 +189,71 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             gr = g0 + t * gs0 + u * gs1
-            _row_grad(g[gr : gr + V], V, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
+            _row_grad(g, gr, V, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
                       tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def grad_row(row, V, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp, gscale, tiny):
-    """The joint's gradient epilogue on one row, in place: the one row body of every Numba
-    path (the row passes here, HAT's, and the many-arc tables' lattice kernel)::
+def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp, gscale, tiny):
+    """The joint's gradient epilogue on one row ``row = buf[o : o + V]``, in place: the one
+    row body of every Numba path (the row passes here, HAT's, and the many-arc tables'
+    lattice kernel)::
 
         row = clamp(row w - sum_k occ[o0 + k] [c = cls[k]] - oy [c = y]) * gscale
 
-    ``row`` holds ``exp(x - m)`` (the prologue's), ``w = occupancy / sum exp(x - m)``;
-    ``w = 0``: the row is zeroed, whatever it holds (the gradient of log-probabilities,
-    or a row too improbable to show). ``y < 0``: no emission out of the row. ``hb >= 0``:
-    HAT's blank class, written ``gb`` after the scaling instead. ``clamp <= 0``: none.
+    ``scaled``: ``row`` holds ``exp(x - m)`` (the prologue's) and ``w = occupancy / sum
+    exp(x - m)`` (0: the row scales to 0; a row's own store, not a memset, which on a
+    cold row cost more); else the row is zeroed first, whatever it holds (the gradient
+    of log-probabilities). ``y < 0``: no emission out of the row. ``hb >= 0``: HAT's
+    blank class, written ``gb`` after the scaling instead. ``clamp <= 0``: none.
     A product or difference below ``tiny`` in magnitude is written as 0: the row
     passes flush subnormals (the joint's backward matmul reads them many times slower
     on x86), the table kernel passes half the least subnormal (what rounds to 0 anyway,
-    without the store's microcode assist). ``desc``: the row backwards (the table
-    kernel visits rows in descending order: one descending stream the prefetcher
-    follows). NaN stays NaN.
+    without the store's microcode assist; a product of a float32 row and ``w`` is 0 or
+    above it, so that pass scales only). ``desc``: the row backwards, scaled only (the
+    table kernel visits rows in descending order: one descending stream the prefetcher
+    follows). NaN stays NaN. The row is ``buf`` and an offset, indexed unsigned: a view
+    per row cost the table kernel an atomic reference count pair each (multi-blank and
+    TDT 5-10% slower), and a signed index Numba's negative-index wraparound (which does
+    not vectorize).
     """
-    if w == 0:
+    u0 = np.uint64(o)
+    if not scaled:
         for v in range(V):
-            row[v] = 0.0
+            buf[u0 + np.uint64(v)] = 0.0
     elif desc:
         for v in range(V - 1, -1, -1):
-            p = row[v] * w
-            row[v] = 0.0 if abs(p) < tiny else p
+            buf[u0 + np.uint64(v)] *= w
     else:
         for v in range(V):
-            p = row[v] * w
-            row[v] = 0.0 if abs(p) < tiny else p
+            k = u0 + np.uint64(v)
+            p = buf[k] * w
+            buf[k] = 0.0 if abs(p) < tiny else p
     for k in range(nc):
-        c = cls[k]
-        d = row[c] - occ[o0 + k]
-        row[c] = 0.0 if abs(d) < tiny else d
+        c = u0 + np.uint64(cls[k])
+        d = buf[c] - occ[o0 + k]
+        buf[c] = 0.0 if abs(d) < tiny else d
     if hb >= 0:
-        row[hb] = 0.0 if abs(gb) < tiny else gb
+        buf[u0 + np.uint64(hb)] = 0.0 if abs(gb) < tiny else gb
     if y >= 0:
-        d = row[y] - oy
-        row[y] = 0.0 if abs(d) < tiny else d
+        c = u0 + np.uint64(y)
+        d = buf[c] - oy
+        buf[c] = 0.0 if abs(d) < tiny else d
     if clamp > 0:
-        h = row.dtype.type(clamp)
+        h = buf.dtype.type(clamp)
         for v in range(V):
-            row[v] = min(max(row[v], -h), h)
+            k = u0 + np.uint64(v)
+            buf[k] = min(max(buf[k], -h), h)
     if gscale != 1.0:
-        sc = row.dtype.type(gscale)
+        sc = buf.dtype.type(gscale)
         for v in range(V):
-            row[v] *= sc
+            buf[u0 + np.uint64(v)] *= sc
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tiny):
-    """One row of ``_epilogue_job`` over its ``exp(x - m)`` in ``grow``, ``s`` its sum;
-    ``y``: the emission arcs' class, or -1 (no emission out of the row)."""
+def _row_grad(g, gr, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tiny):
+    """One row of ``_epilogue_job`` over its ``exp(x - m)`` in ``g[gr : gr + V]``, ``s`` its
+    sum; ``y``: the emission arcs' class, or -1 (no emission out of the row)."""
     total = 0.0
     for i in range(Db):
         total += obf[k * Db + i]
@@ -255,8 +264,9 @@ def _row_grad(grow, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tin
         oes *= scale
     total += oes
     s64 = np.float64(s)
-    w = grow.dtype.type(total / s64 if s64 > 0 else 0.0)
-    grad_row(grow, V, w, False, cls, obf, k * Db, Db, y, oes, -1, 0.0, clamp, gscale, tiny)
+    w = g.dtype.type(total / s64 if s64 > 0 else 0.0)
+    grad_row(g, gr, V, True, w, False, cls, obf, k * Db, Db, y, oes, -1, 0.0, clamp, gscale,
+             tiny)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
@@ -300,7 +310,7 @@ def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, 
                     e = _exp(xrow[v] - m)
                     grow[v] = e
                     s += e
-            _row_grad(grow, V, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u, cls,
+            _row_grad(g, gr, V, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u, cls,
                       tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
@@ -401,8 +411,8 @@ def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, 
             gr = g0 + t * gs0 + u * gs1
             w = g.dtype.type(oes / s if s > 0 else 0.0)
             gb = math.exp(lsf[k]) * (o_b + oes) - o_b
-            grad_row(g[gr : gr + V], V, w, False, none, obf, 0, 0, tg[b, u] if u < ub else -1,
-                     oes, blank, gb, clamp, gscale, tiny)
+            grad_row(g, gr, V, True, w, False, none, obf, 0, 0, tg[b, u] if u < ub else -1, oes,
+                     blank, gb, clamp, gscale, tiny)
 
 
 # --------------------------------------------------------------------------- drivers
