@@ -21,12 +21,15 @@ thread count).
 
 Memory: the gradient is the only logits-sized allocation (reused between calls:
 ``seqloss._core.buffers``), and none at all when the caller passes ``grad_buffer=logits``.
-The prologue writes ``exp(x - m)`` into the gradient's buffer, and the epilogue (the row
-epilogue for RNN-T, the lattice kernel for many-arc tables) rescales it in place: one
+The prologue writes ``exp(x - m)`` into the gradient's buffer, and the epilogue
+(``numba_rows.grad_row``: called by the row jobs for RNN-T and HAT, by the lattice kernel
+for many-arc tables) rescales it in place: one
 ``exp`` per logit, which bounds these passes (recomputing it in the epilogue instead, one
 read of the logits for a write and a read of the buffer, measured 10-20% slower).
 Half-precision inputs use chunk-sized float32 temporaries instead (their gradient buffer
-is too coarse to hold the exponentials), at the price of a second ``exp`` pass.
+is too coarse to hold the exponentials), at the price of a second ``exp`` pass; those, and
+the rows too narrow for the row passes, take torch's ops for the epilogue too
+(``_softmax_grad``, the same formula).
 """
 
 from __future__ import annotations

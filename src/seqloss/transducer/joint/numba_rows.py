@@ -8,12 +8,13 @@ logits of one ``(t, u)`` state) fits in L1, so per row:
   RNN-T-topology tables (RNN-T, HAT) the row's two arc scores -- one read of the logits
   from memory, where torch's ``amax``, ``sub``, ``exp_`` and ``sum`` are four passes
   over a chunk (and a dozen small ops per sequence formed the arcs after them);
-- epilogue (RNN-T; the many-arc tables do it in their lattice kernel): that row times
-  ``occupation / s``, minus the arcs' occupations at their classes, the clamp and the
-  gradient scale, in place.
+- epilogue: that row times ``occupation / s``, minus the arcs' occupations at their
+  classes, the clamp and the gradient scale, in place: ``grad_row``, the Numba backend's
+  one row epilogue (these jobs call it, and so does the many-arc tables' lattice kernel
+  in ``numba_cpu``, for the rows it visits).
 
-HAT's ``"hat"`` normalizer (``table.py``) has its own pair of jobs: the labels' shift and
-sum leave the blank's class out, whose sigmoid the epilogue writes.
+HAT's ``"hat"`` normalizer (``table.py``) has its own prologue job: the labels' shift and
+sum leave the blank's class out, whose sigmoid ``grad_row`` writes in the epilogue.
 
 The ``exp`` is written out (``seqloss._core.numba_exp``), so LLVM vectorizes the row
 loops. Sums accumulate in the logits' dtype, as torch's ``sum`` does.
