@@ -280,16 +280,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- main
-def build_parser() -> argparse.ArgumentParser:
-    from ._core.registry import NAMES
-
-    p = _Parser(prog="seqloss", description="seqloss: exact, fast alignment-free sequence losses "
-                "(CTC, RNN-T, multi-blank RNN-T, TDT) for PyTorch.")
-    from . import __version__
-
-    p.add_argument("--version", action="version", version=f"seqloss {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench,warmup}")
-
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="train tiny CTC, RNN-T and TDT models on CPU in about a "
                        "minute",
                        description="Train tiny CTC, RNN-T and TDT models on an embedded synthetic "
@@ -305,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seqloss backend (default auto)")
     d.set_defaults(func=_cmd_demo)
 
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
     doc = sub.add_parser(
         "doctor", help="diagnose a saved batch: feasibility, non-finite inputs, loss, gradients",
         description="FILE is a torch.save'd dict of a loss's arguments, e.g. {'kind': 'ctc', "
@@ -321,6 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--backend", default=None, choices=["auto", "reference", "numba", "triton"],
                      help="seqloss backend (default: the file's, else auto)")
     doc.set_defaults(func=_cmd_doctor)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from ._core.registry import NAMES
 
     b = sub.add_parser("bench", help="time seqloss against the installed peers",
                        description="Time forward + backward of seqloss and every importable peer "
@@ -348,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.set_num_threads (default 2)")
     b.set_defaults(func=_cmd_bench)
 
+
+def _add_warmup(sub: argparse._SubParsersAction) -> None:
     w = sub.add_parser(
         "warmup", help="compile every CPU kernel ahead, into Numba's cache (for container "
         "builds)",
@@ -367,6 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated input dtypes (default: float32,float64,float16,"
                    "bfloat16, each where the entry point takes it)")
     w.set_defaults(func=_cmd_warmup)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="seqloss", description="seqloss: exact, fast alignment-free sequence losses "
+                "(CTC, RNN-T, multi-blank RNN-T, TDT) for PyTorch.")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"seqloss {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,doctor,bench,warmup}")
+
+    _add_demo(sub)
+    _add_doctor(sub)
+    _add_bench(sub)
+    _add_warmup(sub)
     return p
 
 
