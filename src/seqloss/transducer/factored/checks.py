@@ -92,6 +92,70 @@ def _first(bad: np.ndarray) -> int:
     return int(np.argmax(bad))
 
 
+def _check_boundary_values(s0: np.ndarray, t0: np.ndarray, s1: np.ndarray, t1: np.ndarray,
+                           S: int, T: int) -> None:
+    """Each ``boundary`` column inside the tensors, and every begin at or before its end."""
+    for col, (v, hi, what) in enumerate(
+        ((s0, S, "S"), (t0, T, "T"), (s1, S, "S"), (t1, T, "T"))
+    ):
+        bad = (v < 0) | (v > hi)
+        if bad.any():
+            b = _first(bad)
+            name = ("begin_symbol", "begin_frame", "end_symbol", "end_frame")[col]
+            raise InputError(
+                f"boundary[{b}, {col}] ({name}) = {int(v[b])} is outside the tensors: "
+                f"expected 0 <= {name} <= {what} = {hi}"
+            )
+    for lo, hi, names in ((s0, s1, ("begin_symbol", "end_symbol", 0, 2)),
+                          (t0, t1, ("begin_frame", "end_frame", 1, 3))):
+        bad = lo > hi
+        if bad.any():
+            b = _first(bad)
+            raise InputError(
+                f"boundary[{b}]: {names[0]} = {int(lo[b])} exceeds {names[1]} = {int(hi[b])}"
+            )
+
+
+def _check_symbols(sh: np.ndarray, s0: np.ndarray, s1: np.ndarray, C: int,
+                   termination_symbol: int) -> None:
+    """The symbols read (``s0 <= s < s1``) are ids below ``C``, never ``termination_symbol``."""
+    pos = np.arange(sh.shape[1])[None, :]
+    read = (pos >= s0[:, None]) & (pos < s1[:, None])
+    bad = read & ((sh < 0) | (sh >= C))
+    if bad.any():
+        b, s = np.unravel_index(_first(bad), bad.shape)
+        raise InputError(
+            f"symbols[{b}, {s}] = {int(sh[b, s])} is out of range: "
+            f"expected 0 <= id < C = {C}"
+        )
+    bad = read & (sh == termination_symbol)
+    if bad.any():
+        b, s = np.unravel_index(_first(bad), bad.shape)
+        raise InputError(
+            f"symbols[{b}, {s}] = {int(sh[b, s])} equals termination_symbol; the "
+            "symbols may not contain it"
+        )
+
+
+def _check_ranges(rh: np.ndarray, S: int) -> None:
+    """``ranges (B, T, s_range)``: consecutive positions, the first in ``0..S + 1 - s_range``."""
+    R = rh.shape[2]
+    bad = (rh[:, :, 0] < 0) | (rh[:, :, 0] > S + 1 - R)
+    if bad.any():
+        b, t = np.unravel_index(_first(bad), bad.shape)
+        raise InputError(
+            f"ranges[{b}, {t}, 0] = {int(rh[b, t, 0])} is out of range: a window of "
+            f"s_range = {R} rows must start at 0 <= s <= S + 1 - s_range = {S + 1 - R}"
+        )
+    bad = (rh != rh[:, :, :1] + np.arange(R)[None, None, :]).any(axis=2)
+    if bad.any():
+        b, t = np.unravel_index(_first(bad), bad.shape)
+        raise InputError(
+            f"ranges[{b}, {t}] = {rh[b, t].tolist()} must be consecutive symbol positions "
+            "s, s + 1, ..., s + s_range - 1 (as get_rnnt_prune_ranges returns)"
+        )
+
+
 def bounds_impl(
     boundary: Tensor | None,
     symbols: Tensor,
@@ -117,25 +181,7 @@ def bounds_impl(
     if validate and B:
         h = _validate.to_host(bnd)
         s0, t0, s1, t1 = h[:, 0], h[:, 1], h[:, 2], h[:, 3]
-        for col, (v, hi, what) in enumerate(
-            ((s0, S, "S"), (t0, T, "T"), (s1, S, "S"), (t1, T, "T"))
-        ):
-            bad = (v < 0) | (v > hi)
-            if bad.any():
-                b = _first(bad)
-                name = ("begin_symbol", "begin_frame", "end_symbol", "end_frame")[col]
-                raise InputError(
-                    f"boundary[{b}, {col}] ({name}) = {int(v[b])} is outside the tensors: "
-                    f"expected 0 <= {name} <= {what} = {hi}"
-                )
-        for lo, hi, names in ((s0, s1, ("begin_symbol", "end_symbol", 0, 2)),
-                              (t0, t1, ("begin_frame", "end_frame", 1, 3))):
-            bad = lo > hi
-            if bad.any():
-                b = _first(bad)
-                raise InputError(
-                    f"boundary[{b}]: {names[0]} = {int(lo[b])} exceeds {names[1]} = {int(hi[b])}"
-                )
+        _check_boundary_values(s0, t0, s1, t1, S, T)
         U = s1 - s0
         # (The modified and constrained topologies emit at most one symbol per frame: a
         # sequence with fewer frames than symbols has no path, +inf as any impossible
@@ -151,39 +197,9 @@ def bounds_impl(
                     f"rnnt_type={rnnt_type!r} needs s_range >= 2 (no path survives pruning)"
                 )
         if S:
-            sh = _validate.to_host(symbols)
-            read = (np.arange(S)[None, :] >= s0[:, None]) & (np.arange(S)[None, :] < s1[:, None])
-            bad = read & ((sh < 0) | (sh >= C))
-            if bad.any():
-                b, s = np.unravel_index(_first(bad), bad.shape)
-                raise InputError(
-                    f"symbols[{b}, {s}] = {int(sh[b, s])} is out of range: "
-                    f"expected 0 <= id < C = {C}"
-                )
-            bad = read & (sh == termination_symbol)
-            if bad.any():
-                b, s = np.unravel_index(_first(bad), bad.shape)
-                raise InputError(
-                    f"symbols[{b}, {s}] = {int(sh[b, s])} equals termination_symbol; the "
-                    "symbols may not contain it"
-                )
+            _check_symbols(_validate.to_host(symbols), s0, s1, C, termination_symbol)
         if ranges is not None and ranges.numel():
-            rh = _validate.to_host(ranges)
-            R = rh.shape[2]
-            bad = (rh[:, :, 0] < 0) | (rh[:, :, 0] > S + 1 - R)
-            if bad.any():
-                b, t = np.unravel_index(_first(bad), bad.shape)
-                raise InputError(
-                    f"ranges[{b}, {t}, 0] = {int(rh[b, t, 0])} is out of range: a window of "
-                    f"s_range = {R} rows must start at 0 <= s <= S + 1 - s_range = {S + 1 - R}"
-                )
-            bad = (rh != rh[:, :, :1] + np.arange(R)[None, None, :]).any(axis=2)
-            if bad.any():
-                b, t = np.unravel_index(_first(bad), bad.shape)
-                raise InputError(
-                    f"ranges[{b}, {t}] = {rh[b, t].tolist()} must be consecutive symbol positions "
-                    "s, s + 1, ..., s + s_range - 1 (as get_rnnt_prune_ranges returns)"
-                )
+            _check_ranges(_validate.to_host(ranges), S)
     s0_t, t0_t = bnd[:, 0], bnd[:, 1]
     lens = torch.stack((s0_t, t0_t, bnd[:, 2] - s0_t, bnd[:, 3] - t0_t), dim=1)
     pos = torch.arange(S, device=device)[None, :]

@@ -56,6 +56,43 @@ def _widened(R: int, boundary: Tensor | None, S: int, T: int, readable: bool) ->
     return min(max(R, need), S + 1)
 
 
+def _check_occupations(px_grad: Tensor, py_grad: Tensor) -> tuple[int, int, int]:
+    """``(B, S, T)`` of the simple loss's occupations, or ``InputError`` naming the tensor."""
+    _validate.check_float_tensor(px_grad, "px_grad")
+    _validate.check_float_tensor(py_grad, "py_grad")
+    _validate.check_ndim(px_grad, "px_grad", (3,), "(B, S, T + 1) or (B, S, T)")
+    _validate.check_ndim(py_grad, "py_grad", (3,), "(B, S + 1, T)")
+    B, S1, T = py_grad.shape
+    S = S1 - 1
+    if px_grad.shape[0] != B or px_grad.shape[1] != S or px_grad.shape[2] not in (T, T + 1):
+        raise InputError(
+            f"px_grad must have shape (B, S, T + 1) = {(B, S, T + 1)} (regular) or (B, S, T) = "
+            f"{(B, S, T)} for py_grad of shape (B, S + 1, T) = {tuple(py_grad.shape)}, got "
+            f"{tuple(px_grad.shape)}"
+        )
+    return B, S, T
+
+
+def _best_starts(pxg: Tensor, pyg: Tensor, R: int, regular: bool) -> Tensor:
+    """``(B, T)``: each frame's window start ``s`` in ``[0, S + 1 - R]`` of highest score."""
+    B, S1, T = pyg.shape
+    if regular:
+        # k2's score: the termination-symbol occupation inside [s, s + R) (every frame
+        # ends on exactly one), less the emission into row s from below on the frame
+        # (the path was then outside the window on that frame).
+        occ = pyg
+    else:
+        # One state per frame here: the window holds the frame's arc iff it holds its
+        # row, so the score is the state occupation inside [s, s + R), emissions
+        # included (k2 counts py only, which scores an emitting frame as empty).
+        occ = pyg + torch.cat((pxg, pxg.new_zeros((B, 1, T))), dim=1)
+    cum = torch.cat((occ.new_zeros((B, 1, T)), torch.cumsum(occ, dim=1)), dim=1)  # (B, S+2, T)
+    score = cum[:, R:] - cum[:, : S1 - R + 1]  # (B, S+2-R, T): occupation of [s, s+R)
+    if regular:
+        score = score - torch.cat((pxg.new_zeros((B, 1, T + 1)), pxg), dim=1)[:, : S1 - R + 1, :T]
+    return torch.argmax(score, dim=1)  # the first maximum on ties
+
+
 def get_rnnt_prune_ranges(
     px_grad: Tensor,
     py_grad: Tensor,
@@ -101,18 +138,7 @@ def get_rnnt_prune_ranges(
         (widened) ``s_range``, at most ``S + 1``.
     """
     validate = _validate.flag(validate, "validate")
-    _validate.check_float_tensor(px_grad, "px_grad")
-    _validate.check_float_tensor(py_grad, "py_grad")
-    _validate.check_ndim(px_grad, "px_grad", (3,), "(B, S, T + 1) or (B, S, T)")
-    _validate.check_ndim(py_grad, "py_grad", (3,), "(B, S + 1, T)")
-    B, S1, T = py_grad.shape
-    S = S1 - 1
-    if px_grad.shape[0] != B or px_grad.shape[1] != S or px_grad.shape[2] not in (T, T + 1):
-        raise InputError(
-            f"px_grad must have shape (B, S, T + 1) = {(B, S, T + 1)} (regular) or (B, S, T) = "
-            f"{(B, S, T)} for py_grad of shape (B, S + 1, T) = {tuple(py_grad.shape)}, got "
-            f"{tuple(px_grad.shape)}"
-        )
+    B, S, T = _check_occupations(px_grad, py_grad)
     s_range = checks.check_int(s_range, "s_range")
     if s_range < 1:
         raise InputError(f"s_range = {s_range} is invalid: expected s_range >= 1")
@@ -128,23 +154,7 @@ def get_rnnt_prune_ranges(
                             R if regular else 0, validate)
     s0, t0 = lens[:, 0], lens[:, 1]
     s_end, t_end = s0 + lens[:, 2], t0 + lens[:, 3]
-    pyg = py_grad.detach()
-    pxg = px_grad.detach()
-    if regular:
-        # k2's score: the termination-symbol occupation inside [s, s + R) (every frame
-        # ends on exactly one), less the emission into row s from below on the frame
-        # (the path was then outside the window on that frame).
-        occ = pyg
-    else:
-        # One state per frame here: the window holds the frame's arc iff it holds its
-        # row, so the score is the state occupation inside [s, s + R), emissions
-        # included (k2 counts py only, which scores an emitting frame as empty).
-        occ = pyg + torch.cat((pxg, pxg.new_zeros((B, 1, T))), dim=1)
-    cum = torch.cat((occ.new_zeros((B, 1, T)), torch.cumsum(occ, dim=1)), dim=1)  # (B, S+2, T)
-    score = cum[:, R:] - cum[:, : S1 - R + 1]  # (B, S+2-R, T): occupation of [s, s+R)
-    if regular:
-        score = score - torch.cat((pxg.new_zeros((B, 1, T + 1)), pxg), dim=1)[:, : S1 - R + 1, :T]
-    s_begin = torch.argmax(score, dim=1)  # (B, T), the first maximum on ties
+    s_begin = _best_starts(px_grad.detach(), py_grad.detach(), R, regular)
     last = torch.arange(T, device=device)[None, :] >= (t_end - 1)[:, None]
     s_begin = torch.where(last, (s_end - R + 1).clamp(min=0)[:, None], s_begin)
     s_begin = _adjust_lower_bound(s_begin, R if regular else 2, s0, t0)
