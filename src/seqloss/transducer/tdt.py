@@ -25,6 +25,29 @@ from .joint.table import JointTable, rnnt_table, tdt_table
 
 
 # --------------------------------------------------------------------------- the mixture
+def _mix(loss_r: Tensor | None, loss_t: Tensor | None, omega: float, g: Tensor | None,
+         gd: Tensor | None) -> Tensor:
+    """``omega * loss_r + (1 - omega) * loss_t`` (B,) of the branches that ran.
+
+    With both, the gradients ``g``/``gd`` (None: not computed) of a sequence
+    infeasible in one branch are zeroed in place: it is infeasible, whatever the
+    other branch's gradient. NaN stays NaN.
+    """
+    if loss_t is None:
+        return loss_r
+    if loss_r is None:
+        return loss_t
+    loss = omega * loss_r + (1.0 - omega) * loss_t
+    if g is not None:
+        dead = loss == float("inf")
+        if not checks.host_side(loss) or bool(dead.any()):
+            m = dead.view(-1, 1, 1, 1)
+            g.masked_fill_(m, 0.0)
+            if gd is not None:
+                gd.masked_fill_(m, 0.0)
+    return loss
+
+
 def _tdt_forward(
     logits: Tensor | None,
     tok: Tensor,
@@ -56,7 +79,6 @@ def _tdt_forward(
     padded = transducer_values(tok if pair else logits, targets, logit_lengths, target_lengths,
                                table.blank_tokens, validate=validate, num_tokens=V,
                                tokens_what=what)
-    B = logit_lengths.shape[0]
     scale = grad_scale(reduction, target_lengths)
     ms = 1.0 if scale is None else scale
     kmod = kernel_module("joint", backend)
@@ -89,21 +111,7 @@ def _tdt_forward(
         if compute_grad and omega < 1.0:
             (g if pair else g[..., :V]).add_(gr)
             del gr
-    if loss_t is None:
-        loss = loss_r
-    elif loss_r is None:
-        loss = loss_t
-    else:
-        loss = omega * loss_r + (1.0 - omega) * loss_t
-        if compute_grad:
-            # A sequence infeasible in one branch is infeasible: zero gradient (the other
-            # branch's is not). NaN stays NaN.
-            dead = loss == float("inf")
-            if not checks.host_side(loss) or bool(dead.any()):
-                m = dead.view(B, 1, 1, 1)
-                g.masked_fill_(m, 0.0)
-                if gd is not None:
-                    gd.masked_fill_(m, 0.0)
+    loss = _mix(loss_r, loss_t, omega, g if compute_grad else None, gd)
     if not compute_grad:
         g = (tok if pair else logits).new_empty(0)
         gd = dur.new_empty(0) if pair else None
