@@ -72,6 +72,44 @@ def _common_call(ab, ae, il, tl, bd, ed, can, validate) -> tuple | None:
     return ab, ae, il, tl, bd, ed, can
 
 
+def _checked_args(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
+                  emit_durations, emit_can_end, validate) -> tuple[tuple, bool]:
+    """The op's arguments ``(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end)`` and
+    ``validate`` from any accepted input, or ``InputError``/``InputTypeError`` naming
+    the argument."""
+    emit_can_end = _validate.flag(emit_can_end, "emit_can_end")
+    validate = _validate.flag(validate, "validate")
+    _validate.check_float_tensor(arc_blank, "arc_blank")
+    _validate.check_float_tensor(arc_emit, "arc_emit")
+    _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")
+    _validate.check_ndim(arc_emit, "arc_emit", (4,), "(B, T, U+1, De)")
+    sb, se = arc_blank.shape, arc_emit.shape
+    if se[0] != sb[0] or se[1] != sb[1] or se[2] != sb[2]:  # (torch.Size slices: ~1 us)
+        raise InputError(
+            f"arc_emit must have shape (B, T, U+1, De) = {tuple(arc_blank.shape[:3])} + (De,), "
+            f"got {tuple(arc_emit.shape)}"
+        )
+    if arc_emit.device != arc_blank.device:
+        raise InputError(f"arc_emit is on {arc_emit.device}, arc_blank on {arc_blank.device}")
+    bd = _durations(blank_durations, "blank_durations", 1)
+    ed = _durations(emit_durations, "emit_durations", 0)
+    if arc_blank.shape[3] != len(bd):
+        raise InputError(
+            f"arc_blank.size(3) = {arc_blank.shape[3]} must equal len(blank_durations) = {len(bd)}"
+        )
+    if arc_emit.shape[3] != len(ed):
+        raise InputError(
+            f"arc_emit.size(3) = {arc_emit.shape[3]} must equal len(emit_durations) = {len(ed)}"
+        )
+    B = arc_blank.shape[0]
+    device = arc_blank.device
+    il = _validate.check_batch(
+        _validate.as_index_tensor(logit_lengths, "logit_lengths", device), "logit_lengths", B)
+    tl = _validate.check_batch(
+        _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
+    return (arc_blank, arc_emit, il, tl, bd, ed, emit_can_end), validate
+
+
 def transducer_lattice(
     arc_blank: Tensor,
     arc_emit: Tensor,
@@ -132,40 +170,11 @@ def transducer_lattice(
                                                     or arc_emit.requires_grad)
         return lattice_decl.value(*common, resolve_backend(backend, arc_blank.device),
                                   compute_grad, validate)
-    emit_can_end = _validate.flag(emit_can_end, "emit_can_end")
-    validate = _validate.flag(validate, "validate")
-    _validate.check_float_tensor(arc_blank, "arc_blank")
-    _validate.check_float_tensor(arc_emit, "arc_emit")
-    _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")
-    _validate.check_ndim(arc_emit, "arc_emit", (4,), "(B, T, U+1, De)")
-    sb, se = arc_blank.shape, arc_emit.shape
-    if se[0] != sb[0] or se[1] != sb[1] or se[2] != sb[2]:  # (torch.Size slices: ~1 us)
-        raise InputError(
-            f"arc_emit must have shape (B, T, U+1, De) = {tuple(arc_blank.shape[:3])} + (De,), "
-            f"got {tuple(arc_emit.shape)}"
-        )
-    if arc_emit.device != arc_blank.device:
-        raise InputError(f"arc_emit is on {arc_emit.device}, arc_blank on {arc_blank.device}")
-    bd = _durations(blank_durations, "blank_durations", 1)
-    ed = _durations(emit_durations, "emit_durations", 0)
-    if arc_blank.shape[3] != len(bd):
-        raise InputError(
-            f"arc_blank.size(3) = {arc_blank.shape[3]} must equal len(blank_durations) = {len(bd)}"
-        )
-    if arc_emit.shape[3] != len(ed):
-        raise InputError(
-            f"arc_emit.size(3) = {arc_emit.shape[3]} must equal len(emit_durations) = {len(ed)}"
-        )
-    B = arc_blank.shape[0]
-    device = arc_blank.device
-    il = _validate.check_batch(
-        _validate.as_index_tensor(logit_lengths, "logit_lengths", device), "logit_lengths", B)
-    tl = _validate.check_batch(
-        _validate.as_index_tensor(target_lengths, "target_lengths", device), "target_lengths", B)
-    name = resolve_backend(backend, device)
+    args, validate = _checked_args(arc_blank, arc_emit, logit_lengths, target_lengths,
+                                   blank_durations, emit_durations, emit_can_end, validate)
     compute_grad = torch.is_grad_enabled() and (arc_blank.requires_grad or arc_emit.requires_grad)
-    return lattice_decl.value(arc_blank, arc_emit, il, tl, bd, ed, emit_can_end, name,
-                              compute_grad, validate)
+    return lattice_decl.value(*args, resolve_backend(backend, arc_blank.device), compute_grad,
+                              validate)
 
 
 def lattice_viterbi(
