@@ -309,6 +309,21 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
     The normalizers and arcs are float64 whatever the logits' dtype (see ``_lse``), and
     so are the lattice's arcs; the occupations and the backward's tile math are in
     ``plan.acc``: float32 (float64 for float64 logits)."""
+    lb, ly, ld, bad, logit_dtype = _tile_log_probs(plan, enc, pred, states)
+    kern = kernel_module("lattice", plan.backend)
+    losses = [_branch_loss(plan, br, kern, lb, ly, ld) for br in plan.branches]
+    if len(losses) == 1:
+        loss = losses[0]
+    else:
+        loss = sum(br.weight * lo for br, lo in zip(plan.branches, losses, strict=True))
+    loss = torch.where(bad, float("nan"), loss)
+    return loss, bad, torch.empty(0, dtype=logit_dtype or plan_dtype(plan))
+
+
+def _tile_log_probs(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple:
+    """The joint on each tile, normalized: ``(lb (B, T, U+1, Nb), ly (B, T, U+1), ld
+    (B, T, U+1, D) or None, bad (B,), the logits' dtype or None)`` in float64, the
+    normalizers and ``acc`` left on ``plan``, each tile's RNG state appended to ``states``."""
     device = enc.device
     B, T, U1, V, D = len(plan.Tl), plan.T, plan.U1, plan.V, plan.D
     f64 = torch.float64
@@ -373,49 +388,48 @@ def _forward(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tuple[Tens
     if acc is None:  # no tile: every sequence has zero frames (or B = 0)
         acc = torch.float64 if plan_dtype(plan) == torch.float64 else torch.float32
     plan.lz, plan.lzd, plan.acc = lz, lzd, acc  # type: ignore[attr-defined]
+    return lb, ly, ld, bad, logit_dtype
 
-    kern = kernel_module("lattice", plan.backend)
-    losses = []
-    for br in plan.branches:
-        tb = br.table
-        sig = tb.sigma
 
-        def with_dur(base: Tensor, dl: int | None) -> Tensor:
-            return base if dl is None else base + ld[..., dl]  # type: ignore[index]
+def _branch_loss(plan: _Plan, br: _Branch, kern, lb: Tensor, ly: Tensor,
+                 ld: Tensor | None) -> Tensor:
+    """One branch's ``(B,)`` float64 loss from the tiles' log-probabilities, its lattice
+    occupations left on ``br`` (``total``, ``occ_emit``, ``occ_blank``, ``occ_dur``) for
+    the backward."""
+    B, T, U1, D = len(plan.Tl), plan.T, plan.U1, plan.D
+    acc, device = plan.acc, lb.device  # type: ignore[attr-defined]
+    tb = br.table
+    sig = tb.sigma
 
-        ab = torch.stack([with_dur(lb[..., plan.blank_tokens.index(a.token)] - sig,
-                                   a.duration_logit) for a in tb.blank_arcs], -1)
-        ly_b = ly - sig
-        if tb.delay_penalty:
-            ly_b = ly_b + delay_terms(tb.delay_penalty, plan.il, T)[..., None]
-        ae = torch.stack([with_dur(ly_b, a.duration_logit) for a in tb.emit_arcs], -1)
-        del ly_b
-        ll, ob, oe = kern.transducer_lattice(ab, ae, plan.il, plan.tl, tb.blank_durations,
-                                             tb.emit_durations, True, tb.emit_can_end)
-        del ab, ae
-        ob, oe = ob.to(acc), oe.to(acc)
-        scale = 1.0 + tb.fastemit_lambda
-        losses.append(-ll.to(f64) * scale)
-        oe = oe * scale
-        br.total = ob.sum(-1) + oe.sum(-1)
-        br.occ_emit = oe.sum(-1)
-        occ_tok = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
-        occ_dur = torch.zeros((B, T, U1, D), dtype=acc, device=device) if D else None
-        for i, a in enumerate(tb.blank_arcs):
-            occ_tok[..., plan.blank_tokens.index(a.token)] += ob[..., i]
-            if a.duration_logit is not None:
-                occ_dur[..., a.duration_logit] += ob[..., i]  # type: ignore[index]
-        for j, a in enumerate(tb.emit_arcs):
-            if a.duration_logit is not None:
-                occ_dur[..., a.duration_logit] += oe[..., j]  # type: ignore[index]
-        br.occ_blank, br.occ_dur = occ_tok, occ_dur
-        del ob, oe
-    if len(losses) == 1:
-        loss = losses[0]
-    else:
-        loss = sum(br.weight * lo for br, lo in zip(plan.branches, losses, strict=True))
-    loss = torch.where(bad, float("nan"), loss)
-    return loss, bad, torch.empty(0, dtype=logit_dtype or plan_dtype(plan))
+    def with_dur(base: Tensor, dl: int | None) -> Tensor:
+        return base if dl is None else base + ld[..., dl]  # type: ignore[index]
+
+    ab = torch.stack([with_dur(lb[..., plan.blank_tokens.index(a.token)] - sig,
+                               a.duration_logit) for a in tb.blank_arcs], -1)
+    ly_b = ly - sig
+    if tb.delay_penalty:
+        ly_b = ly_b + delay_terms(tb.delay_penalty, plan.il, T)[..., None]
+    ae = torch.stack([with_dur(ly_b, a.duration_logit) for a in tb.emit_arcs], -1)
+    del ly_b
+    ll, ob, oe = kern.transducer_lattice(ab, ae, plan.il, plan.tl, tb.blank_durations,
+                                         tb.emit_durations, True, tb.emit_can_end)
+    del ab, ae
+    ob, oe = ob.to(acc), oe.to(acc)
+    scale = 1.0 + tb.fastemit_lambda
+    oe = oe * scale
+    br.total = ob.sum(-1) + oe.sum(-1)
+    br.occ_emit = oe.sum(-1)
+    occ_tok = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
+    occ_dur = torch.zeros((B, T, U1, D), dtype=acc, device=device) if D else None
+    for i, a in enumerate(tb.blank_arcs):
+        occ_tok[..., plan.blank_tokens.index(a.token)] += ob[..., i]
+        if a.duration_logit is not None:
+            occ_dur[..., a.duration_logit] += ob[..., i]  # type: ignore[index]
+    for j, a in enumerate(tb.emit_arcs):
+        if a.duration_logit is not None:
+            occ_dur[..., a.duration_logit] += oe[..., j]  # type: ignore[index]
+    br.occ_blank, br.occ_dur = occ_tok, occ_dur
+    return -ll.to(torch.float64) * scale
 
 
 def _hat_blank(plan: _Plan) -> int | None:
