@@ -240,6 +240,76 @@ def _const_value(op: _Op) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _op_class(op: _Op, defs: dict, sub: Callable[[int], int]) -> int:
+    """The class of ``op``'s result from its operands' (``sub(i)``: operand ``i``'s)."""
+    name, ops = op.name, op.operands
+    if name in ("arith.constant", "tt.make_range"):
+        return _CONST
+    if name in _LEAF_OPS or name == "block_arg" or name.startswith("scf."):
+        return _RUNTIME
+    if name in _SHAPE_OPS or name == "arith.trunci":
+        return sub(0)
+    if name == "arith.select":
+        return max(sub(1), sub(2))
+    a, b = sub(0), sub(1)
+    if _WIDE in (a, b):
+        return _WIDE
+    if name == "arith.muli":
+        if a == b == _CONST:
+            return _CONST
+        if a == _CONST or b == _CONST:
+            c = _const_value(defs[ops[0] if a == _CONST else ops[1]])
+            if c is not None and abs(c) <= 1:
+                return _RUNTIME
+        return _WIDE
+    if name in ("arith.addi", "arith.subi", "arith.ori", "arith.xori", "arith.maxsi",
+                "arith.maxui"):
+        if a == b == _RUNTIME and name in ("arith.addi", "arith.subi"):
+            return _WIDE
+        return max(a, b)
+    if name == "arith.shli":
+        return _CONST if a == b == _CONST else _WIDE
+    if name in ("arith.remsi", "arith.remui", "arith.andi", "arith.minsi", "arith.minui"):
+        return min(a, b)
+    if name in ("arith.divsi", "arith.divui", "arith.floordivsi", "arith.ceildivsi",
+                "arith.shrsi", "arith.shrui"):
+        return a
+    return max(a, b)
+
+
+def _classifier(defs: dict) -> Callable[[str], int]:
+    """``klass(v)``: value ``v``'s class, memoized; a function argument is runtime."""
+    cls: dict[str, int] = {}
+
+    def klass(v: str, depth: int = 0) -> int:
+        if v in cls:
+            return cls[v]
+        op = defs.get(v)
+        if op is None or depth > 400:
+            return _RUNTIME  # a function argument
+        cls[v] = _RUNTIME  # cycle guard (loop-carried values)
+        ops = op.operands
+        k = _op_class(op, defs, lambda i: klass(ops[i], depth + 1) if i < len(ops) else _CONST)
+        cls[v] = k
+        return k
+
+    return klass
+
+
+def _finding(op: _Op, v: str) -> dict[str, Any]:
+    """The report of the wide operation ``op`` defining ``v``, with its source line."""
+    var = re.sub(r"_\d+$", "", v.lstrip("%"))
+    src = ""
+    if op.loc:
+        path, _, ln = op.loc.rpartition(":")
+        src = linecache.getline(path, int(ln)).strip()
+        where = f"{_rel(path)}:{ln}"
+    else:
+        where = "?"
+    return {"op": op.name, "type": op.types.split(" to ")[0], "value": var, "where": where,
+            "source": src}
+
+
 def i32_offsets(ttir: str) -> list[dict[str, Any]]:
     """32-bit integer arithmetic that can exceed ``2**31`` on an address path.
 
@@ -254,55 +324,7 @@ def i32_offsets(ttir: str) -> list[dict[str, Any]]:
     a stride first) is not. Also reported: a wide 64-bit value truncated to 32 bits.
     """
     defs, links, all_ops = _parse_ttir(ttir)
-    cls: dict[str, int] = {}
-
-    def klass(v: str, depth: int = 0) -> int:
-        if v in cls:
-            return cls[v]
-        op = defs.get(v)
-        if op is None or depth > 400:
-            return _RUNTIME  # a function argument
-        cls[v] = _RUNTIME  # cycle guard (loop-carried values)
-        k = _classify(op, v, depth)
-        cls[v] = k
-        return k
-
-    def _classify(op: _Op, v: str, depth: int) -> int:
-        name, ops = op.name, op.operands
-        sub = lambda i: klass(ops[i], depth + 1) if i < len(ops) else _CONST
-        if name in ("arith.constant", "tt.make_range"):
-            return _CONST
-        if name in _LEAF_OPS or name == "block_arg" or name.startswith("scf."):
-            return _RUNTIME
-        if name in _SHAPE_OPS or name == "arith.trunci":
-            return sub(0)
-        if name == "arith.select":
-            return max(sub(1), sub(2))
-        a, b = sub(0), sub(1)
-        if _WIDE in (a, b):
-            return _WIDE
-        if name == "arith.muli":
-            if a == b == _CONST:
-                return _CONST
-            if a == _CONST or b == _CONST:
-                c = _const_value(defs[ops[0] if a == _CONST else ops[1]])
-                if c is not None and abs(c) <= 1:
-                    return _RUNTIME
-            return _WIDE
-        if name in ("arith.addi", "arith.subi", "arith.ori", "arith.xori", "arith.maxsi",
-                    "arith.maxui"):
-            if a == b == _RUNTIME and name in ("arith.addi", "arith.subi"):
-                return _WIDE
-            return max(a, b)
-        if name == "arith.shli":
-            return _CONST if a == b == _CONST else _WIDE
-        if name in ("arith.remsi", "arith.remui", "arith.andi", "arith.minsi", "arith.minui"):
-            return min(a, b)
-        if name in ("arith.divsi", "arith.divui", "arith.floordivsi", "arith.ceildivsi",
-                    "arith.shrsi", "arith.shrui"):
-            return a
-        return max(a, b)
-
+    klass = _classifier(defs)
     found: dict[str, dict[str, Any]] = {}
     seen: set[str] = set()
     # Pointer offsets, and the integers a mask or a loop bound compares (a bound that
@@ -333,17 +355,8 @@ def i32_offsets(ttir: str) -> list[dict[str, Any]]:
         bad = bad or (op.name == "arith.trunci" and k == _WIDE and klass(op.operands[0]) == _WIDE
                       and bool(_NARROW.search(op.types.split(" to ")[-1])))
         if bad:
-            var = re.sub(r"_\d+$", "", v.lstrip("%"))
-            src = ""
-            if op.loc:
-                path, _, ln = op.loc.rpartition(":")
-                src = linecache.getline(path, int(ln)).strip()
-                where = f"{_rel(path)}:{ln}"
-            else:
-                where = "?"
-            found.setdefault(f"{where}:{op.name}:{var}", {
-                "op": op.name, "type": op.types.split(" to ")[0], "value": var,
-                "where": where, "source": src})
+            f = _finding(op, v)
+            found.setdefault(f"{f['where']}:{op.name}:{f['value']}", f)
         operands = op.operands[1:] if op.name == "arith.select" else op.operands
         todo += operands
     return sorted(found.values(), key=lambda f: f["where"])
