@@ -25,6 +25,75 @@ def _shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[..., k:], pad], dim=-1) if x.shape[-1] > k else torch.full_like(x, NEG_INF)
 
 
+def _emissions(lp: torch.Tensor, targets: torch.Tensor, L: torch.Tensor, Tb: torch.Tensor,
+               blank: int, delay_penalty: float) -> tuple[torch.Tensor, ...]:
+    """``ext (B, K)`` the extended labels, ``e (T, B, K)`` their log-probs (``-inf`` past
+    ``2 L_b + 1``) and ``skip (B, K)`` (``s - 2 -> s`` allowed)."""
+    T, B, _ = lp.shape
+    device = lp.device
+    K = 2 * targets.shape[1] + 1
+    ext = torch.full((B, K), blank, dtype=torch.int64, device=device)
+    ext[:, 1::2] = targets
+    s_idx = torch.arange(K, device=device)
+    state_ok = s_idx[None, :] < (2 * L + 1)[:, None]
+    e = lp.gather(2, ext[None].expand(T, B, K)) if T > 0 else lp.new_zeros(0, B, K)
+    if delay_penalty != 0.0 and T > 0:
+        # The same float64 rounding as the kernels: dp * ((T_b - 1) * 0.5 - t).
+        t_idx = torch.arange(T, device=device, dtype=lp.dtype)
+        pen = delay_penalty * ((Tb.to(lp.dtype) - 1) * 0.5 - t_idx[:, None])  # (T, B)
+        e = e + torch.where((s_idx % 2 == 1)[None, None, :], pen[:, :, None], 0.0)
+    e = torch.where(state_ok[None], e, torch.full_like(e, NEG_INF))
+    skip = torch.zeros(B, K, dtype=torch.bool, device=device)
+    if K > 2:
+        skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
+    return ext, e, skip
+
+
+def _alphas(e: torch.Tensor, skip: torch.Tensor, Tb: torch.Tensor) -> list[torch.Tensor]:
+    """``alpha[t] (B, K)`` for each frame, held at ``alpha[T_b - 1]`` past a sequence's end."""
+    neg = torch.full(skip.shape, NEG_INF, dtype=e.dtype, device=e.device)
+    alphas = []
+    a = neg.clone()
+    for t in range(e.shape[0]):
+        if t == 0:
+            new = neg.clone()
+            new[:, :2] = e[0, :, :2]
+        else:
+            a2 = torch.where(skip, _shift_right(a, 2), neg)
+            new = e[t] + logaddexp(a, _shift_right(a, 1), a2)
+        a = torch.where((t < Tb)[:, None], new, a)
+        alphas.append(a)
+    return alphas
+
+
+def _occupations(e: torch.Tensor, alphas: list[torch.Tensor], ext: torch.Tensor,
+                 skip: torch.Tensor, ll: torch.Tensor, L: torch.Tensor, Tb: torch.Tensor,
+                 C: int) -> torch.Tensor:
+    """``occ (T, B, C)``: each class's posterior occupation, from ``beta'`` (the backward
+    recursion without the emission at ``t``)."""
+    T, B, K = e.shape
+    device = e.device
+    s_idx = torch.arange(K, device=device)
+    neg = torch.full((B, K), NEG_INF, dtype=e.dtype, device=device)
+    final = (s_idx[None, :] == (2 * L)[:, None]) | (s_idx[None, :] == (2 * L - 1)[:, None])
+    final_init = torch.where(final, torch.zeros_like(neg), neg)
+    occ = torch.zeros(T, B, C, dtype=e.dtype, device=device)
+    # skip_next[s]: the transition s -> s + 2 is allowed.
+    skip_next = torch.zeros_like(skip)
+    if K > 2:
+        skip_next[:, :-2] = skip[:, 2:]
+    beta_next = neg.clone()  # beta (with emission) at t + 1
+    for t in range(T - 1, -1, -1):
+        b2 = torch.where(skip_next, _shift_left(beta_next, 2), neg)
+        rec = logaddexp(beta_next, _shift_left(beta_next, 1), b2)
+        bp = torch.where((t == Tb - 1)[:, None], final_init,
+                         torch.where((t < Tb - 1)[:, None], rec, neg))
+        gamma = torch.exp(alphas[t] + bp - ll[:, None])
+        occ[t].scatter_add_(1, ext, gamma)
+        beta_next = bp + e[t]
+    return occ
+
+
 def ctc_loss_forward(
     log_probs: torch.Tensor,
     targets: torch.Tensor,
@@ -74,42 +143,13 @@ def ctc_loss_forward(
     acc = torch.float64
     x = log_probs.to(acc)
     lp = torch.log_softmax(x, dim=-1) if fused_log_softmax else x
-    S = targets.shape[1]
-    K = 2 * S + 1
     L = target_lengths.to(device)
     Tb = input_lengths.to(device)
-
-    ext = torch.full((B, K), blank, dtype=torch.int64, device=device)
-    ext[:, 1::2] = targets
-    s_idx = torch.arange(K, device=device)
-    state_ok = s_idx[None, :] < (2 * L + 1)[:, None]
-    e = lp.gather(2, ext[None].expand(T, B, K)) if T > 0 else lp.new_zeros(0, B, K)
-    if delay_penalty != 0.0 and T > 0:
-        # The same float64 rounding as the kernels: dp * ((T_b - 1) * 0.5 - t).
-        t_idx = torch.arange(T, device=device, dtype=acc)
-        pen = delay_penalty * ((Tb.to(acc) - 1) * 0.5 - t_idx[:, None])  # (T, B)
-        e = e + torch.where((s_idx % 2 == 1)[None, None, :], pen[:, :, None], 0.0)
-    e = torch.where(state_ok[None], e, torch.full_like(e, NEG_INF))
-    skip = torch.zeros(B, K, dtype=torch.bool, device=device)
-    if K > 2:
-        skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
-    neg = torch.full((B, K), NEG_INF, dtype=acc, device=device)
-
-    alphas = []
-    a = neg.clone()
-    for t in range(T):
-        if t == 0:
-            new = neg.clone()
-            new[:, :2] = e[0, :, :2]
-        else:
-            a2 = torch.where(skip, _shift_right(a, 2), neg)
-            new = e[t] + logaddexp(a, _shift_right(a, 1), a2)
-        a = torch.where((t < Tb)[:, None], new, a)
-        alphas.append(a)
-
+    ext, e, skip = _emissions(lp, targets, L, Tb, blank, delay_penalty)
+    alphas = _alphas(e, skip, Tb)
     bidx = torch.arange(B, device=device)
     if T > 0:
-        last = a
+        last = alphas[-1]
         ll = logaddexp(last[bidx, 2 * L],
                        torch.where(L > 0, last[bidx, (2 * L - 1).clamp(min=0)], NEG_INF))
     else:
@@ -122,23 +162,7 @@ def ctc_loss_forward(
     if not compute_grad:
         return loss, log_probs.new_empty(0)
 
-    final = (s_idx[None, :] == (2 * L)[:, None]) | (s_idx[None, :] == (2 * L - 1)[:, None])
-    final_init = torch.where(final, torch.zeros_like(neg), neg)
-    occ = torch.zeros(T, B, C, dtype=acc, device=device)
-    # skip_next[s]: the transition s -> s + 2 is allowed.
-    skip_next = torch.zeros_like(skip)
-    if K > 2:
-        skip_next[:, :-2] = skip[:, 2:]
-    beta_next = neg.clone()  # beta (with emission) at t + 1
-    for t in range(T - 1, -1, -1):
-        b2 = torch.where(skip_next, _shift_left(beta_next, 2), neg)
-        rec = logaddexp(beta_next, _shift_left(beta_next, 1), b2)
-        bp = torch.where((t == Tb - 1)[:, None], final_init,
-                         torch.where((t < Tb - 1)[:, None], rec, neg))
-        gamma = torch.exp(alphas[t] + bp - ll[:, None])
-        occ[t].scatter_add_(1, ext, gamma)
-        beta_next = bp + e[t]
-
+    occ = _occupations(e, alphas, ext, skip, ll, L, Tb, C)
     valid_t = torch.arange(T, device=device)[:, None] < Tb[None, :]
     if fused_log_softmax:
         grad = torch.where(valid_t[:, :, None], torch.softmax(x, dim=-1), 0.0) - occ
