@@ -105,6 +105,115 @@ from ..._core.logspace import logaddexp
 NEG_INF = float("-inf")
 
 
+def _term(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``s + x``, where -inf on either side is an exact zero, even beside a NaN: an arc out
+    of an unreachable state (or into a dead end), or a masked arc, adds nothing."""
+    return torch.where((s == NEG_INF) | (x == NEG_INF), NEG_INF, s + x)
+
+
+def _diag(n: int, T: int, U1: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(t, u)``: the states of anti-diagonal ``t + u = n`` inside ``(T + 1, U1)``."""
+    u = torch.arange(max(0, n - T), min(n, U1 - 1) + 1, device=device)
+    return n - u, u
+
+
+def _alpha(arc_blank: torch.Tensor, arc_emit: torch.Tensor, Tb: torch.Tensor, Ub: torch.Tensor,
+           blank_durations: tuple[int, ...], emit_durations: tuple[int, ...],
+           emit_can_end: bool) -> torch.Tensor:
+    """``alpha (B, T + 1, U + 1)``, one anti-diagonal at a time (float64 arcs)."""
+    B, T, U1, _ = arc_blank.shape
+    dt, device = arc_blank.dtype, arc_blank.device
+    alpha = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
+    alpha[:, 0, 0] = 0.0
+    for n in range(1, T + U1):
+        t, u = _diag(n, T, U1, device)
+        if t.numel() == 0:
+            continue
+        terms = []
+        for i, d in enumerate(blank_durations):
+            ts = t - d
+            ok = (ts >= 0)[None] & (ts[None] < Tb) & (t[None] <= Tb) & (u[None] <= Ub)
+            tsc = ts.clamp(min=0)
+            v = _term(alpha[:, tsc, u], arc_blank[:, tsc, u, i])
+            terms.append(torch.where(ok, v, NEG_INF))
+        for j, d in enumerate(emit_durations):
+            ts, us = t - d, u - 1
+            # Destination frame t: < T_b, or <= T_b when an emission may end the path
+            # (then the source frame must still be < T_b: arcs leave frames t < T_b only).
+            dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
+            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
+            tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
+            v = _term(alpha[:, tsc, usc], arc_emit[:, tsc, usc, j])
+            terms.append(torch.where(ok, v, NEG_INF))
+        alpha[:, t, u] = logaddexp(*terms)
+    return alpha
+
+
+def _beta(arc_blank: torch.Tensor, arc_emit: torch.Tensor, Tb: torch.Tensor, Ub: torch.Tensor,
+          blank_durations: tuple[int, ...], emit_durations: tuple[int, ...],
+          emit_can_end: bool) -> torch.Tensor:
+    """``beta (B, T + 1, U + 1)``, ``beta(T_b, U_b) = 0``, one anti-diagonal at a time."""
+    B, T, U1, _ = arc_blank.shape
+    dt, device = arc_blank.dtype, arc_blank.device
+    b1 = torch.arange(B, device=device)
+    beta = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
+    beta[b1, Tb[:, 0], Ub[:, 0]] = 0.0
+    for n in range(T + U1 - 2, -1, -1):
+        t, u = _diag(n, T, U1, device)
+        if t.numel() == 0:
+            continue
+        src_ok = (t[None] < Tb) & (u[None] <= Ub)
+        tc = t.clamp(max=T - 1) if T > 0 else t
+        terms = []
+        for i, d in enumerate(blank_durations):
+            ok = src_ok & (t[None] + d <= Tb)
+            v = _term(arc_blank[:, tc, u, i], beta[:, (t + d).clamp(max=T), u])
+            terms.append(torch.where(ok, v, NEG_INF))
+        for j, d in enumerate(emit_durations):
+            lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
+            ok = src_ok & (u[None] < Ub) & lands
+            v = _term(arc_emit[:, tc, u, j],
+                      beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)])
+            terms.append(torch.where(ok, v, NEG_INF))
+        beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
+    return beta
+
+
+def _occupations(arc_blank: torch.Tensor, arc_emit: torch.Tensor, alpha: torch.Tensor,
+                 beta: torch.Tensor, ll: torch.Tensor, Tb: torch.Tensor, Ub: torch.Tensor,
+                 blank_durations: tuple[int, ...], emit_durations: tuple[int, ...],
+                 emit_can_end: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(occ_blank, occ_emit)`` shaped like the arcs: ``exp(alpha + arc + beta - ll)``."""
+    _, T, U1, _ = arc_blank.shape
+    device = arc_blank.device
+    tt = torch.arange(T, device=device)[None, :, None]
+    uu = torch.arange(U1, device=device)[None, None, :]
+    src_ok = (tt < Tb[:, :, None]) & (uu <= Ub[:, :, None])
+    a = alpha[:, :T]
+    ll_safe = torch.where(ll == NEG_INF, torch.zeros_like(ll), ll)[:, None, None]
+    feasible = (ll != NEG_INF)[:, None, None]
+
+    def occ(score: torch.Tensor, dst_beta: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        # An arc no complete path takes (either end state, or the arc, -inf) is exactly 0.
+        ok = ok & feasible & (a != NEG_INF) & (score != NEG_INF) & (dst_beta != NEG_INF)
+        x = torch.where(ok, a + score + dst_beta - ll_safe, NEG_INF)
+        return torch.exp(x)
+
+    occ_blank = torch.zeros_like(arc_blank)
+    for i, d in enumerate(blank_durations):
+        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
+        ok = src_ok & (tt + d <= Tb[:, :, None])
+        occ_blank[..., i] = occ(arc_blank[..., i], dst, ok)
+    occ_emit = torch.zeros_like(arc_emit)
+    for j, d in enumerate(emit_durations):
+        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
+        dst = torch.cat([dst[:, :, 1:], torch.full_like(dst[:, :, :1], NEG_INF)], dim=2)
+        lands = (tt + d <= Tb[:, :, None]) if emit_can_end else (tt + d < Tb[:, :, None])
+        ok = src_ok & (uu < Ub[:, :, None]) & lands
+        occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
+    return occ_blank, occ_emit
+
+
 def transducer_lattice(
     arc_blank: torch.Tensor,
     arc_emit: torch.Tensor,
@@ -151,96 +260,15 @@ def transducer_lattice(
         return ll, torch.zeros_like(arc_blank), torch.zeros_like(arc_emit)
     Tb = logit_lengths.to(device)[:, None]
     Ub = target_lengths.to(device)[:, None]
-    bidx = torch.arange(B, device=device)[:, None]
-    alpha = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
-    alpha[:, 0, 0] = 0.0
-    neg = torch.tensor(NEG_INF, dtype=dt, device=device)
-
-    def term(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        # -inf on either side is an exact zero, even beside a NaN: an arc out of an
-        # unreachable state (or into a dead end), or a masked arc, adds nothing.
-        return torch.where((s == NEG_INF) | (x == NEG_INF), neg, s + x)
-
-    def diag(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        u = torch.arange(max(0, n - T), min(n, U1 - 1) + 1, device=device)
-        return n - u, u
-
-    for n in range(1, T + U1):
-        t, u = diag(n)
-        if t.numel() == 0:
-            continue
-        terms = []
-        for i, d in enumerate(blank_durations):
-            ts = t - d
-            ok = (ts >= 0)[None] & (ts[None] < Tb) & (t[None] <= Tb) & (u[None] <= Ub)
-            tsc = ts.clamp(min=0)
-            v = term(alpha[:, tsc, u], arc_blank[:, tsc, u, i])
-            terms.append(torch.where(ok, v, neg))
-        for j, d in enumerate(emit_durations):
-            ts, us = t - d, u - 1
-            # Destination frame t: < T_b, or <= T_b when an emission may end the path
-            # (then the source frame must still be < T_b: arcs leave frames t < T_b only).
-            dst_ok = (t[None] <= Tb) & (ts[None] < Tb) if emit_can_end else (t[None] < Tb)
-            ok = (ts >= 0)[None] & (us >= 0)[None] & dst_ok & (u[None] <= Ub)
-            tsc, usc = ts.clamp(min=0, max=max(T - 1, 0)), us.clamp(min=0)
-            v = term(alpha[:, tsc, usc], arc_emit[:, tsc, usc, j])
-            terms.append(torch.where(ok, v, neg))
-        alpha[:, t, u] = logaddexp(*terms)
-
+    alpha = _alpha(arc_blank, arc_emit, Tb, Ub, blank_durations, emit_durations, emit_can_end)
     b1 = torch.arange(B, device=device)
     ll = alpha[b1, logit_lengths.to(device), target_lengths.to(device)]
-    ll = torch.where(logit_lengths.to(device) == 0, neg, ll)
+    ll = torch.where(logit_lengths.to(device) == 0, NEG_INF, ll)
     if not compute_occupations:
         return ll, arc_blank.new_empty(0), arc_emit.new_empty(0)
-
-    beta = torch.full((B, T + 1, U1), NEG_INF, dtype=dt, device=device)
-    beta[b1, logit_lengths.to(device), target_lengths.to(device)] = 0.0
-    for n in range(T + U1 - 2, -1, -1):
-        t, u = diag(n)
-        if t.numel() == 0:
-            continue
-        src_ok = (t[None] < Tb) & (u[None] <= Ub)
-        tc = t.clamp(max=T - 1) if T > 0 else t
-        terms = []
-        for i, d in enumerate(blank_durations):
-            ok = src_ok & (t[None] + d <= Tb)
-            v = term(arc_blank[:, tc, u, i], beta[:, (t + d).clamp(max=T), u])
-            terms.append(torch.where(ok, v, neg))
-        for j, d in enumerate(emit_durations):
-            lands = (t[None] + d <= Tb) if emit_can_end else (t[None] + d < Tb)
-            ok = src_ok & (u[None] < Ub) & lands
-            v = term(arc_emit[:, tc, u, j],
-                     beta[:, (t + d).clamp(max=T), (u + 1).clamp(max=U1 - 1)])
-            terms.append(torch.where(ok, v, neg))
-        beta[:, t, u] = torch.where(src_ok, logaddexp(*terms), beta[:, t, u])
-    del bidx
-
-    tt = torch.arange(T, device=device)[None, :, None]
-    uu = torch.arange(U1, device=device)[None, None, :]
-    src_ok = (tt < Tb[:, :, None]) & (uu <= Ub[:, :, None])
-    a = alpha[:, :T]
-    ll_safe = torch.where(ll == NEG_INF, torch.zeros_like(ll), ll)[:, None, None]
-    feasible = (ll != NEG_INF)[:, None, None]
-
-    def occ(score: torch.Tensor, dst_beta: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-        # An arc no complete path takes (either end state, or the arc, -inf) is exactly 0.
-        ok = ok & feasible & (a != NEG_INF) & (score != NEG_INF) & (dst_beta != NEG_INF)
-        x = torch.where(ok, a + score + dst_beta - ll_safe, neg)
-        return torch.exp(x)
-
-    occ_blank = torch.zeros_like(arc_blank)
-    for i, d in enumerate(blank_durations):
-        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
-        ok = src_ok & (tt + d <= Tb[:, :, None])
-        occ_blank[..., i] = occ(arc_blank[..., i], dst, ok)
-    occ_emit = torch.zeros_like(arc_emit)
-    for j, d in enumerate(emit_durations):
-        dst = beta[:, (torch.arange(T, device=device) + d).clamp(max=T)]
-        dst = torch.cat([dst[:, :, 1:], torch.full_like(dst[:, :, :1], NEG_INF)], dim=2)
-        lands = (tt + d <= Tb[:, :, None]) if emit_can_end else (tt + d < Tb[:, :, None])
-        ok = src_ok & (uu < Ub[:, :, None]) & lands
-        occ_emit[..., j] = occ(arc_emit[..., j], dst, ok)
-    return ll, occ_blank, occ_emit
+    beta = _beta(arc_blank, arc_emit, Tb, Ub, blank_durations, emit_durations, emit_can_end)
+    return (ll, *_occupations(arc_blank, arc_emit, alpha, beta, ll, Tb, Ub, blank_durations,
+                              emit_durations, emit_can_end))
 
 
 def viterbi_order(blank_durations: tuple[int, ...],
