@@ -63,6 +63,80 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(log_z == NEG_INF, NEG_INF, x - log_z)
 
 
+def _arc_scores(x: torch.Tensor, tg: torch.Tensor, Tl: torch.Tensor, table: JointTable,
+                fused_log_softmax: bool) -> tuple[torch.Tensor, ...]:
+    """The prologue: ``(arc_blank, arc_emit, lp_t, lp_d)`` from the padded float64 joint
+    ``x (B, T, U+1, V + D)``; ``lp_t``/``lp_d`` the blocks' log-probs (``lp_d`` None
+    without durations; HAT: the labels' log-softmax, the blank's class out of it)."""
+    B, T, U1, _ = x.shape
+    U = U1 - 1
+    V, D = table.num_tokens, table.num_durations
+    xt, xd = x[..., :V], x[..., V : V + D]
+    if table.hat:
+        if not fused_log_softmax:
+            raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
+        # The labels' log-softmax (the blank's class out of it) and the blank's sigmoid.
+        hb = table.blank_arcs[0].token
+        zb = xt[..., hb]
+        lp_t = _log_softmax(xt.index_fill(-1, torch.tensor([hb], device=x.device), NEG_INF))
+    else:
+        lp_t = _log_softmax(xt) if fused_log_softmax else xt
+    lp_d = (_log_softmax(xd) if fused_log_softmax else xd) if D else None
+    idx = tg[:, None, :, None].expand(B, T, U, 1)
+    lp_y = lp_t[:, :, :U].gather(3, idx)[..., 0] if U else x.new_zeros(B, T, 0)
+    lp_y = torch.cat([lp_y, torch.full_like(lp_t[:, :, :1, 0], NEG_INF)], 2) - table.sigma
+    if table.hat:
+        lp_y = lp_y + torch.nn.functional.logsigmoid(-zb)
+    if table.delay_penalty:
+        lp_y = lp_y + delay_terms(table.delay_penalty, Tl, T)[..., None]
+
+    def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
+        return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]
+
+    if table.hat:
+        arc_blank = (torch.nn.functional.logsigmoid(zb) - table.sigma)[..., None]
+    else:
+        arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
+                                 for a in table.blank_arcs], -1)
+    arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
+    return arc_blank, arc_emit, lp_t, lp_d
+
+
+def _arc_gradient(x: torch.Tensor, tg: torch.Tensor, lp_t: torch.Tensor, lp_d: torch.Tensor | None,
+                  occ_b: torch.Tensor, oe: torch.Tensor, table: JointTable,
+                  fused_log_softmax: bool) -> torch.Tensor:
+    """The epilogue: the gradient like ``x`` (before the clamp and scale) from the arc
+    occupations ``occ_b`` and ``oe`` (FastEmit's ``1 + λ`` applied)."""
+    B, T, U1, _ = x.shape
+    U = U1 - 1
+    V, D = table.num_tokens, table.num_durations
+    idx = tg[:, None, :, None].expand(B, T, U, 1)
+    if table.hat:
+        hb = table.blank_arcs[0].token
+        zb = x[..., hb]
+    total = occ_b.sum(-1) + oe.sum(-1)  # every arc leaving (t, u)
+    grad = torch.zeros_like(x)
+    gt, gd = grad[..., :V], grad[..., V : V + D]
+    if table.hat:
+        # The labels' softmax weighs the emission alone; the blank's sigmoid every arc.
+        gt += torch.exp(lp_t) * oe.sum(-1)[..., None]
+        gt[..., hb] = torch.sigmoid(zb) * total
+    elif fused_log_softmax:
+        gt += torch.exp(lp_t) * total[..., None]
+        if D:
+            gd += torch.exp(lp_d) * total[..., None]
+    for i, a in enumerate(table.blank_arcs):
+        gt[..., a.token] -= occ_b[..., i]
+        if a.duration_logit is not None:
+            gd[..., a.duration_logit] -= occ_b[..., i]
+    if U:
+        gt[:, :, :U].scatter_add_(3, idx, -oe[:, :, :U].sum(-1, keepdim=True))
+    for j, a in enumerate(table.emit_arcs):
+        if a.duration_logit is not None:
+            gd[..., a.duration_logit] -= oe[..., j]
+    return grad
+
+
 def joint_loss_forward(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -105,7 +179,6 @@ def joint_loss_forward(
     x = _to_padded(logits.to(acc), Tl, Ul) if packed else logits.to(acc)
     _, T, U1, W = x.shape
     U = U1 - 1
-    V, D = table.num_tokens, table.num_durations
     tg = targets.to(device)
     if tg.shape[1] < U:
         tg = torch.cat([tg, tg.new_zeros(B, U - tg.shape[1])], 1)
@@ -118,34 +191,7 @@ def joint_loss_forward(
     row_max = x.amax(-1) if W else x.new_zeros(x.shape[:-1])
     bad = ((~(row_max < float("inf"))) & valid).flatten(1).any(1)
 
-    xt, xd = x[..., :V], x[..., V : V + D]
-    if table.hat:
-        if not fused_log_softmax:
-            raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
-        # The labels' log-softmax (the blank's class out of it) and the blank's sigmoid.
-        hb = table.blank_arcs[0].token
-        zb = xt[..., hb]
-        lp_t = _log_softmax(xt.index_fill(-1, torch.tensor([hb], device=device), NEG_INF))
-    else:
-        lp_t = _log_softmax(xt) if fused_log_softmax else xt
-    lp_d = (_log_softmax(xd) if fused_log_softmax else xd) if D else None
-    idx = tg[:, None, :, None].expand(B, T, U, 1)
-    lp_y = lp_t[:, :, :U].gather(3, idx)[..., 0] if U else x.new_zeros(B, T, 0)
-    lp_y = torch.cat([lp_y, torch.full_like(lp_t[:, :, :1, 0], NEG_INF)], 2) - table.sigma
-    if table.hat:
-        lp_y = lp_y + torch.nn.functional.logsigmoid(-zb)
-    if table.delay_penalty:
-        lp_y = lp_y + delay_terms(table.delay_penalty, Tl, T)[..., None]
-
-    def score(base: torch.Tensor, dl: int | None) -> torch.Tensor:
-        return base if dl is None else base + lp_d[..., dl]  # type: ignore[index]
-
-    if table.hat:
-        arc_blank = (torch.nn.functional.logsigmoid(zb) - table.sigma)[..., None]
-    else:
-        arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
-                                 for a in table.blank_arcs], -1)
-    arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
+    arc_blank, arc_emit, lp_t, lp_d = _arc_scores(x, tg, Tl, table, fused_log_softmax)
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, Tl, Ul, table.blank_durations, table.emit_durations, compute_grad,
         table.emit_can_end,
@@ -155,27 +201,7 @@ def joint_loss_forward(
     if not compute_grad:
         return loss, logits.new_empty(0)
 
-    oe = occ_e * scale
-    total = occ_b.sum(-1) + oe.sum(-1)  # every arc leaving (t, u)
-    grad = torch.zeros_like(x)
-    gt, gd = grad[..., :V], grad[..., V : V + D]
-    if table.hat:
-        # The labels' softmax weighs the emission alone; the blank's sigmoid every arc.
-        gt += torch.exp(lp_t) * oe.sum(-1)[..., None]
-        gt[..., hb] = torch.sigmoid(zb) * total
-    elif fused_log_softmax:
-        gt += torch.exp(lp_t) * total[..., None]
-        if D:
-            gd += torch.exp(lp_d) * total[..., None]
-    for i, a in enumerate(table.blank_arcs):
-        gt[..., a.token] -= occ_b[..., i]
-        if a.duration_logit is not None:
-            gd[..., a.duration_logit] -= occ_b[..., i]
-    if U:
-        gt[:, :, :U].scatter_add_(3, idx, -oe[:, :, :U].sum(-1, keepdim=True))
-    for j, a in enumerate(table.emit_arcs):
-        if a.duration_logit is not None:
-            gd[..., a.duration_logit] -= oe[..., j]
+    grad = _arc_gradient(x, tg, lp_t, lp_d, occ_b, occ_e * scale, table, fused_log_softmax)
     if table.clamp > 0:
         grad = grad.clamp(-table.clamp, table.clamp)
     if grad_scale != 1.0:
