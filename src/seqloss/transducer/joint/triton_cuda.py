@@ -117,6 +117,273 @@ def _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B):
     return i_b, i_t, i_u, T_b, U_b, m_b
 
 
+@triton.jit
+def _row_coords(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B, T, U1, PACKED: tl.constexpr):
+    """``(b, t, u, T_b, U_b)`` of rows ``i_r``, the mask of the rows in a sequence and that
+    of the rows it reads (``t < T_b``, ``u <= U_b``).
+
+    ``PACKED``: as ``_packed_rows``; else ``r = (b T + t)(U+1) + u`` of the padded grid.
+    """
+    if PACKED:
+        i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
+        m_row = m_b & (i_t < T_b)
+    else:
+        i_b = i_r // (tl.cast(T, tl.int64) * U1)  # 64-bit: T (U+1) may wrap in 32
+        i_t = (i_r // U1) % T
+        i_u = i_r % U1
+        T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
+        U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
+        m_b = m_r
+        m_row = m_r & (i_t < T_b) & (i_u <= U_b)
+    return i_b, i_t, i_u, T_b, U_b, m_b, m_row
+
+
+@triton.jit
+def _row_ptr(ptr, i_r, i_b, i_t, i_u, s_b, s_t, s_u, PACKED: tl.constexpr):
+    """The first element of each row (``PACKED``: row ``r`` at stride ``s_b``)."""
+    if PACKED:
+        p = ptr + i_r * s_b
+    else:
+        p = ptr + i_b * s_b + i_t * s_t + i_u * s_u
+    return p
+
+
+@triton.jit
+def _token_lse(p_x, sx_v, m_row, V, tab_ptr, FUSED: tl.constexpr, HAT: tl.constexpr,
+               ACC: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One pass over the token block: ``(m, s, bad)``, the online max and
+    ``sum exp(x - m)`` (fused; HAT: over the labels) and the NaN/``+inf`` flag (int32)."""
+    b_m = tl.full([BLOCK_R], float("-inf"), ACC)
+    b_s = tl.zeros([BLOCK_R], ACC)
+    b_bad = tl.zeros([BLOCK_R], tl.int32)
+    # Blocks with no read row (padding, or the packed grid's holes) skip the loop.
+    n_v = tl.where(tl.max(m_row.to(tl.int32), axis=0) > 0, V, 0)
+    for v0 in range(0, n_v, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_x = m_row[:, None] & (o_v < V)[None, :]
+        b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_x, other=float("-inf")).to(ACC)
+        is_bad = (b_x != b_x) | (b_x == float("inf"))
+        b_bad = tl.maximum(b_bad, tl.max(is_bad.to(tl.int32), axis=1))
+        if FUSED:
+            b_x = tl.where(is_bad, float("-inf"), b_x)
+            if HAT:  # the labels' softmax: the blank's class out
+                b_x = tl.where(o_v[None, :] == tl.load(tab_ptr), float("-inf"), b_x)
+            b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
+            shift = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
+            b_m = b_new
+    return b_m, b_s, b_bad
+
+
+@triton.jit
+def _dur_scores(p_xd, sxd_v, m_row, o_d, D, b_bad, FUSED: tl.constexpr, LAT: tl.constexpr):
+    """The duration block's log-probs ``[BLOCK_R, BLOCK_D]`` (``-inf`` for a NaN/``+inf``
+    logit) and ``b_bad`` raised where the block holds one."""
+    m_xd = m_row[:, None] & (o_d < D)[None, :]
+    b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_xd, other=float("-inf")).to(LAT)
+    is_bad_d = (b_xd != b_xd) | (b_xd == float("inf"))
+    b_bad = tl.maximum(b_bad, tl.max(is_bad_d.to(tl.int32), axis=1))
+    return _dur_log_softmax(tl.where(is_bad_d, float("-inf"), b_xd), FUSED), b_bad
+
+
+@triton.jit
+def _store_arcs(p_x, sx_v, tab_ptr, par_ptr, ab_ptr, ae_ptr, i_r, i_t, T_b, m_row, m_e, m_bad,
+                b_xe, b_ml, b_lsl, none, b_lpd, o_d, NB: tl.constexpr, NE: tl.constexpr,
+                HAS_DUR: tl.constexpr, FUSED: tl.constexpr, HAT: tl.constexpr,
+                LAT: tl.constexpr):
+    """Each row's arc scores from its normalized target log-prob ``b_xe``, the split
+    normalizer ``(b_ml, b_lsl)`` and the duration log-probs ``b_lpd`` (``-inf`` on a
+    flagged row)."""
+    # sigma in float64 from the parameter tensor (a Python float argument is float32),
+    # on every arc's token log-probability (NeMo's logit under-normalization).
+    sigma = tl.load(par_ptr + 3)
+    # k2's delay penalty on every emission leaving frame t, in float64 (exact halves).
+    dp = tl.load(par_ptr + 4)
+    b_pen = dp * ((T_b - 1).to(LAT) * 0.5 - i_t.to(LAT))
+    if HAT:
+        # logsigmoid(+-z) = min(+-z, 0) - log(1 + exp(-|z|)), in float64
+        b_zb = tl.load(p_x + tl.load(tab_ptr) * sx_v, mask=m_row, other=0.0).to(LAT)
+        b_zb = tl.where(m_bad, 0.0, b_zb)
+        b_l1p = tl.log(1.0 + tl.exp(-tl.abs(b_zb)))
+        b_xe = b_xe + (tl.minimum(-b_zb, 0.0) - b_l1p)
+    b_xe = tl.where(m_bad, float("-inf"), (b_xe - sigma) + b_pen)
+    for i in tl.static_range(NB):
+        b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
+        if HAT:
+            b_v = tl.minimum(b_zb, 0.0) - b_l1p
+        elif FUSED:
+            b_v = tl.where(none, float("-inf"), (b_v - b_ml) - b_lsl)
+        b_v = b_v - sigma
+        if HAS_DUR:
+            # lp_dur[dl] picked out of the row's block (dl = -1 picks nothing: + 0).
+            dl = tl.load(tab_ptr + NB + i)
+            b_v = b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1)
+        b_v = tl.where(m_bad, float("-inf"), b_v)
+        tl.store(ab_ptr + i_r * NB + i, b_v, mask=m_row)
+    for j in tl.static_range(NE):
+        b_v = b_xe
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + 2 * NB + j)
+            b_v = tl.where(m_bad, float("-inf"),
+                           b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1))
+        tl.store(ae_ptr + i_r * NE + j, b_v, mask=m_e)
+
+
+@triton.jit
+def _row_outcome(ll_ptr, bad_ptr, i_b, i_u, U_b, m_row):
+    """``(log p, NaN rows, rows with occupations, those with an emission)`` of read rows;
+    ``log p`` is 0 off the occupied rows (no ``-inf - -inf``)."""
+    b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
+    b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0)
+    m_nan = m_row & (b_bad != 0)
+    # ``b_bad == 0``, not ``~(b_bad != 0)``: the interpreter of triton <= 3.3 has
+    # no int1 type for ``~`` on a boolean block.
+    m_occ = m_row & (b_bad == 0) & (b_ll != float("-inf"))
+    m_e = m_occ & (i_u < U_b)
+    return tl.where(m_occ, b_ll, 0.0), m_nan, m_occ, m_e
+
+
+@triton.jit
+def _arc_occupations(tab_ptr, bd_ptr, ed_ptr, ab_ptr, ae_ptr, alpha_ptr, beta_ptr, i_r, o_st,
+                     i_t, T_b, U1_s, b_ll, emit_scale, m_occ, m_e, o_d, NB: tl.constexpr,
+                     NE: tl.constexpr, HAS_DUR: tl.constexpr, EMIT_CAN_END: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each row's ``(alpha, o_0, sum_j e_j, total, dsub)`` in float64: the first blank
+    arc's occupation (RNN-T's only one), the emissions' (FastEmit's ``1 + λ`` applied),
+    every arc's, and ``[BLOCK_R, BLOCK_D]`` the occupations landing on each duration logit.
+    """
+    LAT = ab_ptr.dtype.element_ty  # float64
+    b_a = tl.load(alpha_ptr + o_st, mask=m_occ, other=float("-inf"))
+    b_dsub = tl.zeros([BLOCK_R, BLOCK_D], LAT)
+    b_tot = tl.zeros([BLOCK_R], LAT)
+    b_o0 = tl.zeros([BLOCK_R], LAT)
+    for i in tl.static_range(NB):
+        b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a, b_ll,
+                                m_occ, i, NB)
+        if i == 0:
+            b_o0 = b_o  # kept for the token loop (RNN-T's only blank arc: no recomputation)
+        b_tot = b_tot + b_o
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + NB + i)
+            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
+    b_oe = tl.zeros([BLOCK_R], LAT)
+    for j in tl.static_range(NE):
+        d = tl.load(ed_ptr + j)
+        if EMIT_CAN_END:
+            m_a = m_e & (i_t + d <= T_b)
+        else:
+            m_a = m_e & (i_t + d < T_b)
+        b_arc = tl.load(ae_ptr + i_r * NE + j, mask=m_a, other=float("-inf"))
+        b_beta = tl.load(beta_ptr + o_st + d * U1_s + 1, mask=m_a, other=float("-inf"))
+        b_o = tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
+        b_o = b_o * emit_scale  # FastEmit: (1 + λ) on every emission's occupation
+        b_oe = b_oe + b_o
+        if HAS_DUR:
+            dl = tl.load(tab_ptr + 2 * NB + j)
+            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
+    b_tot = b_tot + b_oe
+    return b_a, b_o0, b_oe, b_tot, b_dsub
+
+
+@triton.jit
+def _store_token_grad(p_x, sx_v, p_g, sg_v, p_y, tab_ptr, bd_ptr, par_ptr, ab_ptr, nz_ptr,
+                      beta_ptr, i_r, o_st, i_t, T_b, U1_s, V, b_a, b_ll, b_o0, b_oe, b_tot,
+                      clamp_l, scale_l, m_r, m_occ, m_e, m_nan, NB: tl.constexpr,
+                      FUSED: tl.constexpr,
+                      HAS_CLAMP: tl.constexpr, FP64: tl.constexpr, HAT: tl.constexpr,
+                      BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The token block's gradient of every row, over blocks of ``BLOCK_V`` classes in the
+    accumulation dtype (``p_y``: each row's target label).
+
+    A kernel cannot keep a table-sized list of blocks, so the occupations of blank arcs
+    after the first are recomputed in each block (a few loads and one exp a row,
+    against ``BLOCK_V`` exps); the first arc's (RNN-T's only one) is kept, so RNN-T
+    does exactly the work of a dedicated kernel.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    clamp = clamp_l.to(ACC)
+    grad_scale = scale_l.to(ACC)
+    b_oe_acc = b_oe.to(ACC)
+    b_y = tl.load(p_y, mask=m_e, other=-1)
+    if FUSED:
+        b_nm = tl.load(nz_ptr + 2 * i_r, mask=m_occ, other=0.0)
+        b_ls = tl.load(nz_ptr + 2 * i_r + 1, mask=m_occ, other=0.0)
+        m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
+        b_ls = tl.where(m_lz, b_ls, 0.0)
+        b_w = b_tot.to(ACC)
+        if HAT:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
+            b_w = b_oe_acc
+            b_hb = tl.load(tab_ptr)
+            b_sig = tl.exp(tl.load(ab_ptr + i_r * NB, mask=m_occ, other=float("-inf"))
+                           + tl.load(par_ptr + 3))
+            b_gb = (b_sig * b_tot - b_o0).to(ACC)
+    # Every row of the tensor is written (zeros on padding, and on packed rows that no
+    # sequence's lengths reach).
+    m_st = m_r
+    n_v = tl.where(tl.max(m_st.to(tl.int32), axis=0) > 0, V, 0)
+    for v0 in range(0, n_v, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_v = (o_v < V)[None, :]
+        if FUSED:
+            b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_occ[:, None] & m_v,
+                          other=float("-inf")).to(ACC)
+            b_p = tl.exp((b_x - b_nm[:, None]) - b_ls[:, None])  # softmax, as the arcs
+            b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
+        else:
+            b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
+        if HAT:
+            b_g = tl.where(o_v[None, :] == b_hb, b_gb[:, None], b_g)
+        else:
+            for i in tl.static_range(NB):
+                if i == 0:
+                    b_o = b_o0
+                else:
+                    b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
+                                            b_a, b_ll, m_occ, i, NB)
+                b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i),
+                                     b_o.to(ACC)[:, None], 0.0)
+        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
+        if HAS_CLAMP:
+            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
+        b_g = b_g * grad_scale
+        b_g = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_g, 0.0))
+        if BF16_OUT:
+            b_g = _round_bf16(b_g)
+        tl.store(p_g[:, None] + o_v[None, :] * sg_v, b_g, mask=m_st[:, None] & m_v)
+
+
+@triton.jit
+def _store_dur_grad(p_xd, sxd_v, p_gd, sgd_v, D, o_d, b_tot, b_dsub, clamp_l, scale_l, m_r,
+                    m_occ, m_nan, FUSED: tl.constexpr, HAS_CLAMP: tl.constexpr, FP64: tl.constexpr,
+                    BF16_OUT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The duration block's gradient of every row: one ``[BLOCK_R, BLOCK_D]`` block in
+    float64 (``b_dsub``: the occupations landing on each duration logit)."""
+    ACC = tl.float64 if FP64 else tl.float32
+    LAT = b_tot.dtype
+    m_st = m_r
+    m_d = (o_d < D)[None, :]
+    if FUSED:
+        b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_occ[:, None] & m_d,
+                       other=float("-inf")).to(LAT)
+        # The same function of the same logits as in the normalizer: the same bits.
+        b_gd = tl.exp(_dur_log_softmax(b_xd, FUSED)) * b_tot[:, None]
+        # In place, every thread's load of this block comes before any thread's store
+        # of it, whatever the layout (a small block may be replicated across warps).
+        tl.debug_barrier()
+    else:
+        b_gd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
+    b_gd = b_gd - b_dsub
+    if HAS_CLAMP:
+        b_gd = tl.minimum(tl.maximum(b_gd, -clamp_l), clamp_l)
+    b_gd = b_gd * scale_l
+    b_gd = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_gd, 0.0))
+    # float64 -> ACC once; bfloat16 then rounds that float32 (as its token block).
+    b_gd = b_gd.to(ACC)
+    if BF16_OUT:
+        b_gd = _round_bf16(b_gd)
+    tl.store(p_gd[:, None] + o_d[None, :] * sgd_v, b_gd, mask=m_st[:, None] & m_d)
+
+
 # --------------------------------------------------------------------------- kernels
 @triton.jit
 def joint_normalizer_kernel(
@@ -168,56 +435,24 @@ def joint_normalizer_kernel(
     LAT = ab_ptr.dtype.element_ty  # the lattice's dtype (float64)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < NR
-    if PACKED:
-        i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
-        m_row = m_b & (i_t < T_b)
-        p_x = x_ptr + i_r * sx_b
-        p_xd = xd_ptr + i_r * sxd_b
-    else:
-        i_b = i_r // (tl.cast(T, tl.int64) * U1)  # 64-bit: T (U+1) may wrap in 32
-        i_t = (i_r // U1) % T
-        i_u = i_r % U1
-        T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
-        U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
-        m_row = m_r & (i_t < T_b) & (i_u <= U_b)
-        p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
-        p_xd = xd_ptr + i_b * sxd_b + i_t * sxd_t + i_u * sxd_u
-
-    b_m = tl.full([BLOCK_R], float("-inf"), ACC)
-    b_s = tl.zeros([BLOCK_R], ACC)
-    b_bad = tl.zeros([BLOCK_R], tl.int32)
-    # Blocks with no read row (padding, or the packed grid's holes) skip the loop.
-    n_v = tl.where(tl.max(m_row.to(tl.int32), axis=0) > 0, V, 0)
-    for v0 in range(0, n_v, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_x = m_row[:, None] & (o_v < V)[None, :]
-        b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_x, other=float("-inf")).to(ACC)
-        is_bad = (b_x != b_x) | (b_x == float("inf"))
-        b_bad = tl.maximum(b_bad, tl.max(is_bad.to(tl.int32), axis=1))
-        if FUSED:
-            b_x = tl.where(is_bad, float("-inf"), b_x)
-            if HAT:  # the labels' softmax: the blank's class out
-                b_x = tl.where(o_v[None, :] == tl.load(tab_ptr), float("-inf"), b_x)
-            b_new = tl.maximum(b_m, tl.max(b_x, axis=1))
-            shift = tl.where(b_new == float("-inf"), 0.0, b_new)
-            b_s = b_s * tl.exp(b_m - shift) + tl.sum(tl.exp(b_x - shift[:, None]), axis=1)
-            b_m = b_new
+    i_b, i_t, i_u, T_b, U_b, _, m_row = _row_coords(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr,
+                                                    B, T, U1, PACKED)
+    p_x = _row_ptr(x_ptr, i_r, i_b, i_t, i_u, sx_b, sx_t, sx_u, PACKED)
+    p_xd = _row_ptr(xd_ptr, i_r, i_b, i_t, i_u, sxd_b, sxd_t, sxd_u, PACKED)
+    b_m, b_s, b_bad = _token_lse(p_x, sx_v, m_row, V, tab_ptr, FUSED, HAT, ACC, BLOCK_R, BLOCK_V)
     o_d = tl.arange(0, BLOCK_D)
     b_lpd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
     if HAS_DUR:
-        m_xd = m_row[:, None] & (o_d < D)[None, :]
-        b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_xd,
-                       other=float("-inf")).to(LAT)
-        is_bad_d = (b_xd != b_xd) | (b_xd == float("inf"))
-        b_bad = tl.maximum(b_bad, tl.max(is_bad_d.to(tl.int32), axis=1))
-        b_lpd = _dur_log_softmax(tl.where(is_bad_d, float("-inf"), b_xd), FUSED)
+        b_lpd, b_bad = _dur_scores(p_xd, sxd_v, m_row, o_d, D, b_bad, FUSED, LAT)
     m_bad = b_bad > 0
 
     m_e = m_row & (i_u < U_b)
     b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=0)
     b_xe = tl.load(p_x + b_y * sx_v, mask=m_e, other=float("-inf")).to(LAT)
+    none = b_m == float("-inf")  # fused: a row of -inf logits, no arc out of it
+    b_ml = tl.zeros([BLOCK_R], LAT)  # the split normalizer (m, log s); fused only
+    b_lsl = b_ml
     if FUSED:
-        none = b_m == float("-inf")
         b_m = tl.where(none | m_bad, 0.0, b_m)
         b_ls = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)))
         b_ls = tl.where(m_bad, 0.0, b_ls)
@@ -226,39 +461,8 @@ def joint_normalizer_kernel(
         b_xe = tl.where(none, float("-inf"), (b_xe - b_ml) - b_lsl)
         tl.store(nz_ptr + 2 * i_r, b_m, mask=m_row)
         tl.store(nz_ptr + 2 * i_r + 1, b_ls, mask=m_row)
-    # sigma in float64 from the parameter tensor (a Python float argument is float32),
-    # on every arc's token log-probability (NeMo's logit under-normalization).
-    sigma = tl.load(par_ptr + 3)
-    # k2's delay penalty on every emission leaving frame t, in float64 (exact halves).
-    dp = tl.load(par_ptr + 4)
-    b_pen = dp * ((T_b - 1).to(LAT) * 0.5 - i_t.to(LAT))
-    if HAT:
-        # logsigmoid(+-z) = min(+-z, 0) - log(1 + exp(-|z|)), in float64
-        b_zb = tl.load(p_x + tl.load(tab_ptr) * sx_v, mask=m_row, other=0.0).to(LAT)
-        b_zb = tl.where(m_bad, 0.0, b_zb)
-        b_l1p = tl.log(1.0 + tl.exp(-tl.abs(b_zb)))
-        b_xe = b_xe + (tl.minimum(-b_zb, 0.0) - b_l1p)
-    b_xe = tl.where(m_bad, float("-inf"), (b_xe - sigma) + b_pen)
-    for i in tl.static_range(NB):
-        b_v = tl.load(p_x + tl.load(tab_ptr + i) * sx_v, mask=m_row, other=float("-inf")).to(LAT)
-        if HAT:
-            b_v = tl.minimum(b_zb, 0.0) - b_l1p
-        elif FUSED:
-            b_v = tl.where(none, float("-inf"), (b_v - b_ml) - b_lsl)
-        b_v = b_v - sigma
-        if HAS_DUR:
-            # lp_dur[dl] picked out of the row's block (dl = -1 picks nothing: + 0).
-            dl = tl.load(tab_ptr + NB + i)
-            b_v = b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1)
-        b_v = tl.where(m_bad, float("-inf"), b_v)
-        tl.store(ab_ptr + i_r * NB + i, b_v, mask=m_row)
-    for j in tl.static_range(NE):
-        b_v = b_xe
-        if HAS_DUR:
-            dl = tl.load(tab_ptr + 2 * NB + j)
-            b_v = tl.where(m_bad, float("-inf"),
-                           b_v + tl.sum(tl.where(o_d[None, :] == dl, b_lpd, 0.0), axis=1))
-        tl.store(ae_ptr + i_r * NE + j, b_v, mask=m_e)
+    _store_arcs(p_x, sx_v, tab_ptr, par_ptr, ab_ptr, ae_ptr, i_r, i_t, T_b, m_row, m_e, m_bad,
+                b_xe, b_ml, b_lsl, none, b_lpd, o_d, NB, NE, HAS_DUR, FUSED, HAT, LAT)
     tl.store(bad_ptr + i_r, b_bad.to(tl.int8), mask=m_r)
 
 
@@ -299,12 +503,7 @@ def joint_grad_kernel(
     times ``grad_scale``, rounded once to the gradient's dtype. Rows of a sequence with
     a NaN/``+inf`` logit: NaN; rows of an infeasible sequence and padding rows: 0.
 
-    The token block runs over blocks of ``BLOCK_V`` classes in the accumulation dtype.
-    A kernel cannot keep a table-sized list of blocks, so the occupations of blank arcs
-    after the first are recomputed in each block (a few loads and one exp a row,
-    against ``BLOCK_V`` exps); the first arc's (RNN-T's only one) is kept, so RNN-T
-    does exactly the work of a dedicated kernel.
-    The duration block (``D`` classes) is one ``[BLOCK_R, BLOCK_D]`` block in float64.
+    The token block: ``_store_token_grad``; the duration block: ``_store_dur_grad``.
     Only this program touches its rows; a token element is loaded and stored by the
     same lane, the duration block is loaded whole before a barrier and stored after
     it, so ``g`` may alias ``x``.
@@ -312,147 +511,36 @@ def joint_grad_kernel(
     Updates:
         grad: every row of the tensor.
     """
-    ACC = tl.float64 if FP64 else tl.float32
-    LAT = ab_ptr.dtype.element_ty  # float64
     # Scalars from a float64 tensor (a Python float argument would be float32).
     clamp_l = tl.load(par_ptr)
     emit_scale = tl.load(par_ptr + 1)
     scale_l = tl.load(par_ptr + 2)
-    clamp = clamp_l.to(ACC)
-    grad_scale = scale_l.to(ACC)
     i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     m_r = i_r < NR
+    i_b, i_t, i_u, T_b, U_b, m_b, m_row = _row_coords(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr,
+                                                      B, T, U1, PACKED)
     if PACKED:
-        i_b, i_t, i_u, T_b, U_b, m_b = _packed_rows(i_r, m_r, seq_ptr, off_ptr, il_ptr, tl_ptr, B)
-        m_row = m_b & (i_t < T_b)
         U1_s = U_b + 1  # the sequence's lattice row length
         o_st = tl.load(soff_ptr + i_b, mask=m_b, other=0) + i_t * U1_s + i_u
-        p_x = x_ptr + i_r * sx_b
-        p_g = g_ptr + i_r * sg_b
-        p_xd = xd_ptr + i_r * sxd_b
-        p_gd = gd_ptr + i_r * sgd_b
     else:
-        i_b = i_r // (tl.cast(T, tl.int64) * U1)  # 64-bit: T (U+1) may wrap in 32
-        i_t = (i_r // U1) % T
-        i_u = i_r % U1
-        T_b = tl.load(il_ptr + i_b, mask=m_r, other=0)
-        U_b = tl.load(tl_ptr + i_b, mask=m_r, other=0)
-        m_row = m_r & (i_t < T_b) & (i_u <= U_b)
         U1_s = U1
         o_st = i_b * (T + 1) * U1 + i_t * U1 + i_u
-        p_x = x_ptr + i_b * sx_b + i_t * sx_t + i_u * sx_u
-        p_g = g_ptr + i_b * sg_b + i_t * sg_t + i_u * sg_u
-        p_xd = xd_ptr + i_b * sxd_b + i_t * sxd_t + i_u * sxd_u
-        p_gd = gd_ptr + i_b * sgd_b + i_t * sgd_t + i_u * sgd_u
-    b_ll = tl.load(ll_ptr + i_b, mask=m_row, other=float("-inf"))
-    b_bad = tl.load(bad_ptr + i_b, mask=m_row, other=0)
-    m_nan = m_row & (b_bad != 0)
-    # ``b_bad == 0``, not ``~(b_bad != 0)``: the interpreter of triton <= 3.3 has
-    # no int1 type for ``~`` on a boolean block.
-    m_occ = m_row & (b_bad == 0) & (b_ll != float("-inf"))
-    m_e = m_occ & (i_u < U_b)
-    b_ll = tl.where(m_occ, b_ll, 0.0)
-
-    b_a = tl.load(alpha_ptr + o_st, mask=m_occ, other=float("-inf"))
+    p_x = _row_ptr(x_ptr, i_r, i_b, i_t, i_u, sx_b, sx_t, sx_u, PACKED)
+    p_g = _row_ptr(g_ptr, i_r, i_b, i_t, i_u, sg_b, sg_t, sg_u, PACKED)
+    p_xd = _row_ptr(xd_ptr, i_r, i_b, i_t, i_u, sxd_b, sxd_t, sxd_u, PACKED)
+    p_gd = _row_ptr(gd_ptr, i_r, i_b, i_t, i_u, sgd_b, sgd_t, sgd_u, PACKED)
+    b_ll, m_nan, m_occ, m_e = _row_outcome(ll_ptr, bad_ptr, i_b, i_u, U_b, m_row)
     o_d = tl.arange(0, BLOCK_D)
-    # Occupations landing on each duration logit (float64), and the totals.
-    b_dsub = tl.zeros([BLOCK_R, BLOCK_D], LAT)
-    b_tot = tl.zeros([BLOCK_R], LAT)
-    b_o0 = tl.zeros([BLOCK_R], LAT)
-    for i in tl.static_range(NB):
-        b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a, b_ll,
-                                m_occ, i, NB)
-        if i == 0:
-            b_o0 = b_o  # kept for the token loop (RNN-T's only blank arc: no recomputation)
-        b_tot = b_tot + b_o
-        if HAS_DUR:
-            dl = tl.load(tab_ptr + NB + i)
-            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
-    b_oe = tl.zeros([BLOCK_R], LAT)
-    for j in tl.static_range(NE):
-        d = tl.load(ed_ptr + j)
-        if EMIT_CAN_END:
-            m_a = m_e & (i_t + d <= T_b)
-        else:
-            m_a = m_e & (i_t + d < T_b)
-        b_arc = tl.load(ae_ptr + i_r * NE + j, mask=m_a, other=float("-inf"))
-        b_beta = tl.load(beta_ptr + o_st + d * U1_s + 1, mask=m_a, other=float("-inf"))
-        b_o = tl.where(m_a, tl.exp(tl.where(m_a, b_a + b_arc + b_beta - b_ll, float("-inf"))), 0.0)
-        b_o = b_o * emit_scale  # FastEmit: (1 + λ) on every emission's occupation
-        b_oe = b_oe + b_o
-        if HAS_DUR:
-            dl = tl.load(tab_ptr + 2 * NB + j)
-            b_dsub = b_dsub + tl.where(o_d[None, :] == dl, b_o[:, None], 0.0)
-    b_tot = b_tot + b_oe
-    b_oe_acc = b_oe.to(ACC)
-    b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u * s_tg_u, mask=m_e, other=-1)
-    if FUSED:
-        b_nm = tl.load(nz_ptr + 2 * i_r, mask=m_occ, other=0.0)
-        b_ls = tl.load(nz_ptr + 2 * i_r + 1, mask=m_occ, other=0.0)
-        m_lz = b_ls != float("-inf")  # a row of -inf logits: softmax 0 (and no arc)
-        b_ls = tl.where(m_lz, b_ls, 0.0)
-        b_w = b_tot.to(ACC)
-        if HAT:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
-            b_w = b_oe_acc
-            b_hb = tl.load(tab_ptr)
-            b_sig = tl.exp(tl.load(ab_ptr + i_r * NB, mask=m_occ, other=float("-inf"))
-                           + tl.load(par_ptr + 3))
-            b_gb = (b_sig * b_tot - b_o0).to(ACC)
-    # Every row of the tensor is written (zeros on padding, and on packed rows that no
-    # sequence's lengths reach).
-    m_st = m_r
-    n_v = tl.where(tl.max(m_st.to(tl.int32), axis=0) > 0, V, 0)
-    for v0 in range(0, n_v, BLOCK_V):
-        o_v = v0 + tl.arange(0, BLOCK_V)
-        m_v = (o_v < V)[None, :]
-        if FUSED:
-            b_x = tl.load(p_x[:, None] + o_v[None, :] * sx_v, mask=m_occ[:, None] & m_v,
-                          other=float("-inf")).to(ACC)
-            b_p = tl.exp((b_x - b_nm[:, None]) - b_ls[:, None])  # softmax, as the arcs
-            b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
-        else:
-            b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
-        if HAT:
-            b_g = tl.where(o_v[None, :] == b_hb, b_gb[:, None], b_g)
-        else:
-            for i in tl.static_range(NB):
-                if i == 0:
-                    b_o = b_o0
-                else:
-                    b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
-                                            b_a, b_ll, m_occ, i, NB)
-                b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i),
-                                     b_o.to(ACC)[:, None], 0.0)
-        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
-        if HAS_CLAMP:
-            b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
-        b_g = b_g * grad_scale
-        b_g = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_g, 0.0))
-        if BF16_OUT:
-            b_g = _round_bf16(b_g)
-        tl.store(p_g[:, None] + o_v[None, :] * sg_v, b_g, mask=m_st[:, None] & m_v)
+    b_a, b_o0, b_oe, b_tot, b_dsub = _arc_occupations(
+        tab_ptr, bd_ptr, ed_ptr, ab_ptr, ae_ptr, alpha_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
+        b_ll, emit_scale, m_occ, m_e, o_d, NB, NE, HAS_DUR, EMIT_CAN_END, BLOCK_R, BLOCK_D)
+    _store_token_grad(p_x, sx_v, p_g, sg_v, tg_ptr + i_b * s_tg_b + i_u * s_tg_u, tab_ptr,
+                      bd_ptr, par_ptr, ab_ptr, nz_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, V,
+                      b_a, b_ll, b_o0, b_oe, b_tot, clamp_l, scale_l, m_r, m_occ, m_e, m_nan, NB,
+                      FUSED, HAS_CLAMP, FP64, HAT, BF16_OUT, BLOCK_R, BLOCK_V)
     if HAS_DUR:
-        m_d = (o_d < D)[None, :]
-        if FUSED:
-            b_xd = tl.load(p_xd[:, None] + o_d[None, :] * sxd_v, mask=m_occ[:, None] & m_d,
-                           other=float("-inf")).to(LAT)
-            # The same function of the same logits as in the normalizer: the same bits.
-            b_gd = tl.exp(_dur_log_softmax(b_xd, FUSED)) * b_tot[:, None]
-            # In place, every thread's load of this block comes before any thread's store
-            # of it, whatever the layout (a small block may be replicated across warps).
-            tl.debug_barrier()
-        else:
-            b_gd = tl.zeros([BLOCK_R, BLOCK_D], LAT)
-        b_gd = b_gd - b_dsub
-        if HAS_CLAMP:
-            b_gd = tl.minimum(tl.maximum(b_gd, -clamp_l), clamp_l)
-        b_gd = b_gd * scale_l
-        b_gd = tl.where(m_nan[:, None], float("nan"), tl.where(m_occ[:, None], b_gd, 0.0))
-        # float64 -> ACC once; bfloat16 then rounds that float32 (as its token block).
-        b_gd = b_gd.to(ACC)
-        if BF16_OUT:
-            b_gd = _round_bf16(b_gd)
-        tl.store(p_gd[:, None] + o_d[None, :] * sgd_v, b_gd, mask=m_st[:, None] & m_d)
+        _store_dur_grad(p_xd, sxd_v, p_gd, sgd_v, D, o_d, b_tot, b_dsub, clamp_l, scale_l, m_r,
+                        m_occ, m_nan, FUSED, HAS_CLAMP, FP64, BF16_OUT, BLOCK_R, BLOCK_D)
 
 
 # --------------------------------------------------------------------------- launcher
