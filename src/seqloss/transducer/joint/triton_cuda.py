@@ -629,6 +629,37 @@ def _strides(x: torch.Tensor, packed: bool) -> tuple[int, int, int, int]:
     return (x.stride(0), 0, 0, x.stride(1)) if packed else tuple(x.stride())
 
 
+def _packed_maps(il: torch.Tensor, tlen: torch.Tensor, N: int, S: int) -> tuple:
+    """The packed layout's device-side maps, from shapes only (no sync):
+    ``(ends, off, seq, soff, num_states, max_u1)``, ``off[b]``/``ends[b]`` sequence ``b``'s
+    rows, ``seq[r]`` row ``r``'s sequence, ``soff[b]`` its lattice's first state."""
+    rows = il * (tlen + 1)
+    ends = torch.cumsum(rows, 0)
+    off = ends - rows  # sequence b's first row
+    # seq[r] = b with off[b] <= r < ends[b] (B for rows past every sequence).
+    seq = torch.searchsorted(ends, torch.arange(N, dtype=torch.int64, device=il.device),
+                             right=True)
+    # Sequence b's lattice: (T_b + 1)(U_b + 1) = rows_b + U_b + 1 states, packed.
+    # N + B (S + 1) bounds them all (U_b <= S), from shapes only.
+    states = tlen + 1
+    soff = off + torch.cumsum(states, 0) - states
+    num_states = N + il.shape[0] * (S + 1)
+    # U_b + 1 <= S + 1, and <= rows_b <= N where T_b >= 1 (the only lanes read).
+    max_u1 = min(S + 1, N)
+    return ends, off, seq, soff, num_states, max_u1
+
+
+def _params(table: JointTable, grad_scale: float, device: torch.device) -> torch.Tensor:
+    """``(clamp, 1 + λ, grad_scale, sigma, delay_penalty)`` float64 on ``device``, by
+    device-side fills (no host-to-device copy, no sync)."""
+    par = torch.full((5,), float(table.clamp), dtype=torch.float64, device=device)
+    par[1] = 1.0 + table.fastemit_lambda
+    par[2] = float(grad_scale)
+    par[3] = float(table.sigma)
+    par[4] = float(table.delay_penalty)
+    return par
+
+
 def _forward(
     logits: torch.Tensor,
     dur_logits: torch.Tensor | None,
@@ -686,19 +717,7 @@ def _forward(
     tg = targets.to(device=device, dtype=torch.int64)
     S = tg.shape[1]
     if packed:
-        rows = il * (tlen + 1)
-        ends = torch.cumsum(rows, 0)
-        off = ends - rows  # sequence b's first row
-        # seq[r] = b with off[b] <= r < ends[b] (B for rows past every sequence).
-        seq = torch.searchsorted(ends, torch.arange(N, dtype=torch.int64, device=device),
-                                 right=True)
-        # Sequence b's lattice: (T_b + 1)(U_b + 1) = rows_b + U_b + 1 states, packed.
-        # N + B (S + 1) bounds them all (U_b <= S), from shapes only.
-        states = tlen + 1
-        soff = off + torch.cumsum(states, 0) - states
-        num_states = N + B * (S + 1)
-        # U_b + 1 <= S + 1, and <= rows_b <= N where T_b >= 1 (the only lanes read).
-        max_u1 = min(S + 1, N)
+        ends, off, seq, soff, num_states, max_u1 = _packed_maps(il, tlen, N, S)
     else:
         off = seq = soff = il  # unused
     if S == 0:
@@ -710,13 +729,7 @@ def _forward(
     bd = _durations(table.blank_durations, device)
     ed = _durations(table.emit_durations, device)
     scale = 1.0 + table.fastemit_lambda
-    # Device-side fills (no host-to-device copy, no sync): clamp, (1 + λ), grad_scale, sigma,
-    # delay penalty.
-    par = torch.full((5,), float(table.clamp), dtype=lat, device=device)
-    par[1] = scale
-    par[2] = float(grad_scale)
-    par[3] = float(table.sigma)
-    par[4] = float(table.delay_penalty)
+    par = _params(table, grad_scale, device)
     if table.hat and not fused_log_softmax:
         raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
     consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
