@@ -605,59 +605,140 @@ def _forward(
     log-probabilities from ``dur_logits`` (False: keeps them from the prologue, for a
     gradient written over the logits).
     """
-    dtype = logits.dtype
-    acc = _acc_dtype(dtype)
-    half = dtype in (torch.float16, torch.bfloat16)
-    packed = logits.dim() == 2
-    V, D = table.num_tokens, table.num_durations
-    clamp, sigma, dp = table.clamp, table.sigma, table.delay_penalty
-    Tl = logit_lengths.tolist()
-    Ul = target_lengths.tolist()
+    acc = _acc_dtype(logits.dtype)
+    Tl, Ul, T, U1, offs = _layout(logits, logit_lengths, target_lengths)
     B = len(Tl)
-    T = max(Tl, default=0) if packed else logits.shape[1]
-    U1 = max(Ul, default=0) + 1
-    offs = [0] * B
-    for b in range(1, B):
-        offs[b] = offs[b - 1] + Tl[b - 1] * (Ul[b - 1] + 1)
     tg = targets.cpu()
-    tok = table.blank_tokens
-    uniq = sorted(set(tok))  # TDT: its blank arcs all score one class, gathered once
-    tok_col = [uniq.index(c) for c in tok]
-    b_dl = [a.duration_logit for a in table.blank_arcs]
-    e_dl = [a.duration_logit for a in table.emit_arcs]
-    Db, De = len(tok), len(e_dl)
-
     # The lattice runs in float64 whatever the input: arc scores of -2e4 (logits of
     # 1e4) keep their small parts, and Numba's scalar log/exp cost the same.
-    lat = torch.float64
-    arc_blank = torch.empty((B, T, U1, Db), dtype=lat)
-    arc_emit = torch.empty((B, T, U1, De), dtype=lat)
+    arc_blank = torch.empty((B, T, U1, len(table.blank_arcs)), dtype=torch.float64)
+    arc_emit = torch.empty((B, T, U1, len(table.emit_arcs)), dtype=torch.float64)
     # Per row of the token block: the shift m (the max, 0 for a row of -inf) and
     # sum(exp(x - m)). Log-probs are (x - m) - log(sum), never x - (m + log(sum)):
     # with logits of 1e4 the latter loses float32's last digits to the rounding.
     row_max = torch.empty((B, T, U1), dtype=acc)
     row_sum = torch.empty((B, T, U1), dtype=acc)
-    bad = [False] * B
-    kept_dur: list[torch.Tensor | None] = [None] * B
-    # The passes over the logits row by row in Numba (one read of each row from memory)
-    # where the layout allows; torch's ops over chunks of frames otherwise.
-    passes = None
-    hb = table.blank_arcs[0].token if table.hat else -1  # HAT: the blank's class
     if table.hat and not fused_log_softmax:
         raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
-    # HAT's rows at any width (torch's ops would take the blank out of each row by a copy).
-    if (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
-            and rows_ok(V, logits, *(() if grad is None else (grad,)),
-                        min_width=2 if table.hat else None)):
-        passes = RowPasses(logits, Tl, Ul, offs, V, row_max, row_sum, hat_blank=hb)
-    # HAT without the row passes: each row's sigmoid(z_blank), float64, for the epilogue
-    bsig = torch.empty((B, T, U1), dtype=lat) if table.hat and passes is None else None
-    gathered: list[tuple | None] = [None] * B
+    passes, bad = _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax,
+                                row_max, row_sum, arc_blank, arc_emit)
+    kept_dur: list[torch.Tensor | None] = [None] * B
+    bsig = None
+    if passes is None:
+        # HAT without the row passes: each row's sigmoid(z_blank), float64, for the epilogue
+        bsig = torch.empty((B, T, U1), dtype=torch.float64) if table.hat else None
+        gathered = _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax,
+                             grad, rows, grad_rows, row_max, row_sum,
+                             None if reread_durations else kept_dur)
+        bad = _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bsig,
+                          arc_blank, arc_emit)
+        del gathered
 
-    # ---- prologue: normalizers on the fly, arc scores, NaN/+inf detection
-    for b in range(B):
+    # ---- core recursion
+    ll, occ_b, occ_e = transducer_lattice(
+        arc_blank, arc_emit, logit_lengths, target_lengths, table.blank_durations,
+        table.emit_durations, grad is not None, table.emit_can_end, occupation_dtype=acc,
+    )
+    del arc_blank, arc_emit
+    scale = 1.0 + table.fastemit_lambda
+    loss = (-ll * scale).to(acc)
+    if any(bad):
+        loss = torch.where(torch.tensor(bad), NAN, loss)
+    loss = loss.to(logits.device)
+    if grad is None:
+        return loss
+
+    # ---- epilogue: occupations -> gradient, in the buffer holding exp(x - m)
+    _gradients(logits, dur_logits, grad, grad_dur, grad_rows, tg, Tl, Ul, offs, table,
+               fused_log_softmax, grad_scale, ll, occ_b, occ_e, bad, passes, kept_dur, row_max,
+               row_sum, bsig)
+    return loss
+
+
+def _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax, row_max, row_sum,
+                  arc_blank, arc_emit) -> tuple[RowPasses | None, list[bool] | None]:
+    """``(passes, bad)`` where the Numba row passes take the prologue (RNN-T's topology,
+    float32/float64 rows: the normalizers and the arcs); ``(None, None)`` otherwise."""
+    # The passes over the logits row by row in Numba (one read of each row from memory)
+    # where the layout allows; torch's ops over chunks of frames otherwise.
+    # HAT's rows at any width (torch's ops would take the blank out of each row by a copy).
+    if not (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
+            and rows_ok(table.num_tokens, logits, *(() if grad is None else (grad,)),
+                        min_width=2 if table.hat else None)):
+        return None, None
+    passes = RowPasses(logits, Tl, Ul, offs, table.num_tokens, row_max, row_sum,
+                       hat_blank=table.blank_arcs[0].token if table.hat else -1)
+    # exp(x - m) goes into the gradient's buffer for the epilogue to rescale: one exp
+    # per logit (the passes are bound by it) for a write and a read of the buffer.
+    # The arcs too (RNN-T's topology: one blank arc, one emission arc), each row's
+    # logits read once, before its exp is written (maybe over them).
+    seq_bad = passes.prologue(grad, (arc_blank, arc_emit, table.blank_tokens[0], tg,
+                                     table.sigma, table.delay_penalty))
+    return passes, [bool(seq_bad[b]) and Tl[b] > 0 for b in range(len(Tl))]
+
+
+def _gradients(logits, dur_logits, grad, grad_dur, grad_rows, tg, Tl, Ul, offs, table,
+               fused_log_softmax, grad_scale, ll, occ_b, occ_e, bad, passes, kept_dur, row_max,
+               row_sum, bsig) -> None:
+    """The epilogue: every sequence's gradient (zero on padding and for a sequence
+    without a path, NaN for a bad one), in the buffers holding ``exp(x - m)``."""
+    llist = ll.tolist()
+    for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
-        if tb == 0 or passes is not None:  # the row passes form the arcs themselves
+        if logits.dim() == 4:
+            for gg in (grad, grad_dur):
+                if gg is not None:
+                    gg[b, tb:].zero_()
+                    gg[b, :tb, ub + 1 :].zero_()
+        if tb == 0:
+            continue
+        if bad[b] or llist[b] == NEG_INF:
+            fill = NAN if bad[b] else 0.0
+            _seq_view(grad, b, tb, ub, offs[b]).fill_(fill)
+            if table.num_durations:
+                _seq_view(grad_dur, b, tb, ub, offs[b]).fill_(fill)
+            continue
+        if passes is not None:
+            continue  # the row passes below (RNN-T: no duration block)
+        _sequence_grad(b, tb, ub, offs[b], logits, dur_logits, grad, grad_dur, grad_rows,
+                       kept_dur[b], occ_b, occ_e, row_max, row_sum, bsig, tg, table,
+                       fused_log_softmax, grad_scale)
+    if passes is not None:
+        skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(len(Tl))])
+        passes.epilogue(grad, occ_b, occ_e, list(table.blank_tokens), tg,
+                        1.0 + table.fastemit_lambda, table.clamp, grad_scale, skip)
+
+
+def _layout(logits: torch.Tensor, logit_lengths: torch.Tensor,
+            target_lengths: torch.Tensor) -> tuple[list[int], list[int], int, int, list[int]]:
+    """``(T_b list, U_b list, T, U + 1, offs)``: ``offs[b]`` sequence ``b``'s first row
+    in the packed layout (padded: ``T`` is the logits' and ``offs`` unused)."""
+    Tl = logit_lengths.tolist()
+    Ul = target_lengths.tolist()
+    B = len(Tl)
+    T = max(Tl, default=0) if logits.dim() == 2 else logits.shape[1]
+    U1 = max(Ul, default=0) + 1
+    offs = [0] * B
+    for b in range(1, B):
+        offs[b] = offs[b - 1] + Tl[b - 1] * (Ul[b - 1] + 1)
+    return Tl, Ul, T, U1, offs
+
+
+def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, grad, rows,
+              grad_rows, row_max, row_sum, kept_dur) -> list[tuple | None]:
+    """Per sequence (torch's chunked passes): the normalizers into ``row_max``/``row_sum``
+    (``exp(x - m)`` into ``grad``), NaN/``+inf`` detection and the gathers the arcs
+    need, ``(xb, xe, ld, any_bad)``; ``None`` for a sequence without frames.
+    ``kept_dur``: where to keep the duration log-probs (``None``: recomputed later)."""
+    acc = _acc_dtype(logits.dtype)
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    V, D = table.num_tokens, table.num_durations
+    uniq = sorted(set(table.blank_tokens))  # TDT: its blank arcs all score one class
+    hb = table.blank_arcs[0].token if table.hat else -1  # HAT: the blank's class
+    gathered: list[tuple | None] = [None] * len(Tl)
+    for b in range(len(Tl)):
+        tb, ub = Tl[b], Ul[b]
+        if tb == 0:
             continue
         x = _seq_view(logits, b, tb, ub, offs[b])
         idx = tg[b, :ub].to(x.device)[None, :, None].expand(tb, ub, 1)
@@ -669,63 +750,79 @@ def _forward(
         if D:
             # (T_b, U_b+1, D) duration log-probs, float64; not kept (recomputed in the
             # epilogue, bit for bit): the lattice's peak holds no copy of them.
-            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).to(lat, copy=True)
+            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).to(torch.float64, copy=True)
             any_bad = not bool((xd.amax(-1) < float("inf")).all())  # NaN/+inf poisons the row
             ld = _log_softmax(xd) if fused_log_softmax else xd
-            if not reread_durations:
+            if kept_dur is not None:
                 kept_dur[b] = ld
-        if passes is None:  # else the row passes below, for every sequence at once
-            g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
-            xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
-            gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
-            for t0, t1 in _chunks(tb, ub, V):
-                xc = x[t0:t1]
-                m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
-                any_bad |= bool((~(m < float("inf"))).any())
-                if not fused_log_softmax:
-                    continue
-                if table.hat:  # the labels only: the blank's class out of the softmax
-                    xl = xc.to(acc, copy=True)
-                    xl[..., hb] = NEG_INF
-                    m = xl.amax(-1)
-                    m = torch.where(m == NEG_INF, 0.0, m)
-                    if g is not None and not half:
-                        torch.sub(xl, m[..., None], out=g[t0:t1])
-                        s = g[t0:t1].exp_().sum(-1, dtype=acc)
-                    else:
-                        s = torch.exp(xl - m[..., None]).sum(-1)
-                    del xl
-                    row_sum[b, t0:t1, : ub + 1] = s
-                    row_max[b, t0:t1, : ub + 1] = m
-                    continue
-                # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
-                m = torch.where(m == NEG_INF, 0.0, m)
-                if g is not None and not half:
-                    if gr is not None:  # whole rows (their duration columns: scratch)
-                        gcr = gr[t0:t1]
-                        torch.sub(xr[t0:t1], m[..., None], out=gcr)
-                        gcr.exp_()
-                        gc = gcr[..., :V]
-                    else:
-                        gc = g[t0:t1]
-                        torch.sub(xc, m[..., None], out=gc)
-                        gc.exp_()
-                    s = gc.sum(-1, dtype=acc)
-                else:
-                    s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
-                row_sum[b, t0:t1, : ub + 1] = s
-                row_max[b, t0:t1, : ub + 1] = m
+        g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
+        xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
+        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
+        any_bad |= _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc,
+                                row_max[b, :tb, : ub + 1], row_sum[b, :tb, : ub + 1])
         gathered[b] = (xb, xe, ld, any_bad)
-    if passes is not None:
-        # exp(x - m) goes into the gradient's buffer for the epilogue to rescale: one exp
-        # per logit (the passes are bound by it) for a write and a read of the buffer.
-        # The arcs too (RNN-T's topology: one blank arc, one emission arc), each row's
-        # logits read once, before its exp is written (maybe over them).
-        seq_bad = passes.prologue(grad, (arc_blank, arc_emit, tok[0], tg, sigma, dp))
-        bad = [bool(seq_bad[b]) and Tl[b] > 0 for b in range(B)]
-    for b in range(B):
+    return gathered
+
+
+def _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc, m_b, s_b) -> bool:
+    """One sequence's row normalizers over chunks of frames, into ``m_b``/``s_b``
+    ``(T_b, U_b+1)`` (``exp(x - m)`` into ``g``, or the whole rows ``gr``); whether a row
+    holds a NaN/``+inf``. ``hb``: HAT's blank class (``-1``: a softmax table)."""
+    any_bad = False
+    for t0, t1 in _chunks(x.shape[0], x.shape[1] - 1, V):
+        xc = x[t0:t1]
+        m = xc.amax(-1).to(acc)  # NaN/+inf anywhere poisons the row
+        any_bad |= bool((~(m < float("inf"))).any())
+        if not fused_log_softmax:
+            continue
+        if hb >= 0:  # the labels only: the blank's class out of the softmax
+            xl = xc.to(acc, copy=True)
+            xl[..., hb] = NEG_INF
+            m = xl.amax(-1)
+            m = torch.where(m == NEG_INF, 0.0, m)
+            if g is not None and not half:
+                torch.sub(xl, m[..., None], out=g[t0:t1])
+                s = g[t0:t1].exp_().sum(-1, dtype=acc)
+            else:
+                s = torch.exp(xl - m[..., None]).sum(-1)
+            del xl
+            s_b[t0:t1] = s
+            m_b[t0:t1] = m
+            continue
+        # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
+        m = torch.where(m == NEG_INF, 0.0, m)
+        if g is not None and not half:
+            if gr is not None:  # whole rows (their duration columns: scratch)
+                gcr = gr[t0:t1]
+                torch.sub(xr[t0:t1], m[..., None], out=gcr)
+                gcr.exp_()
+                gc = gcr[..., :V]
+            else:
+                gc = g[t0:t1]
+                torch.sub(xc, m[..., None], out=gc)
+                gc.exp_()
+            s = gc.sum(-1, dtype=acc)
+        else:
+            s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
+        s_b[t0:t1] = s
+        m_b[t0:t1] = m
+    return any_bad
+
+
+def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bsig, arc_blank,
+                arc_emit) -> list[bool]:
+    """Each sequence's arc scores into ``arc_blank``/``arc_emit`` (float64) from its
+    gathers and normalizers (HAT: the blank's sigmoid into ``bsig``); which are bad."""
+    lat = torch.float64
+    sigma, dp = table.sigma, table.delay_penalty
+    uniq = sorted(set(table.blank_tokens))
+    tok_col = [uniq.index(c) for c in table.blank_tokens]
+    b_dl = [a.duration_logit for a in table.blank_arcs]
+    e_dl = [a.duration_logit for a in table.emit_arcs]
+    bad = [False] * len(Tl)
+    for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
-        if tb == 0 or passes is not None:
+        if tb == 0:
             continue
         xb, xe, ld, any_bad = gathered[b]
         gathered[b] = None
@@ -756,132 +853,120 @@ def _forward(
             arc_blank[b, :tb, : ub + 1, i] = xi if dl is None else xi + ld[..., dl]
         for j, dl in enumerate(e_dl):
             arc_emit[b, :tb, :ub, j] = xe if dl is None else xe + ld[:, :ub, dl]
+    return bad
 
-    # ---- core recursion
-    compute_grad = grad is not None
-    ll, occ_b, occ_e = transducer_lattice(
-        arc_blank, arc_emit, logit_lengths, target_lengths, table.blank_durations,
-        table.emit_durations, compute_grad, table.emit_can_end, occupation_dtype=acc,
-    )
-    del arc_blank, arc_emit
+
+def _sequence_grad(b, tb, ub, off, logits, dur_logits, grad, grad_dur, grad_rows, ld, occ_b,
+                   occ_e, row_max, row_sum, bsig, tg, table, fused_log_softmax,
+                   grad_scale) -> None:
+    """Sequence ``b``'s gradient from its occupations (torch's chunked passes), in the
+    buffer holding ``exp(x - m)``. ``ld``: its kept duration log-probs, or ``None``."""
+    lat = torch.float64
+    acc = _acc_dtype(logits.dtype)
     scale = 1.0 + table.fastemit_lambda
-    loss = (-ll * scale).to(acc)
-    if any(bad):
-        loss = torch.where(torch.tensor(bad), NAN, loss)
-    loss = loss.to(logits.device)
-    if grad is None:
-        return loss
-
-    # ---- epilogue: occupations -> gradient, in the buffer holding exp(x - m)
-    llist = ll.tolist()
-    for b in range(B):
-        tb, ub = Tl[b], Ul[b]
-        if not packed:
-            for gg in (grad, grad_dur):
-                if gg is not None:
-                    gg[b, tb:].zero_()
-                    gg[b, :tb, ub + 1 :].zero_()
-        if tb == 0:
-            continue
-        g = _seq_view(grad, b, tb, ub, offs[b])
-        gd = _seq_view(grad_dur, b, tb, ub, offs[b]) if D else None
-        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
-        if bad[b] or llist[b] == NEG_INF:
-            fill = NAN if bad[b] else 0.0
-            g.fill_(fill)
-            if gd is not None:
-                gd.fill_(fill)
-            continue
-        if passes is not None:
-            continue  # the row passes below (RNN-T: no duration block)
-        # Occupations in the accumulation dtype (float64 for float64 input); their sums,
-        # and the small duration block, in float64.
-        ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
-        oe = occ_e[b, :tb, :ub]  # (tb, ub, De), FastEmit's (1 + λ) not yet applied
-        oe_sum = oe.sum(-1, dtype=lat)
-        if scale != 1.0:
-            oe_sum *= scale
-        total = ob.sum(-1, dtype=lat)
-        total[:, :ub] += oe_sum
-        oe_tok = oe_sum.to(acc)
-        idx = tg[b, :ub].to(g.device)[None, :, None]
-        g_dur = None
-        if D:
-            ld = kept_dur[b]
-            if ld is None:
-                ld = _seq_view(dur_logits, b, tb, ub, offs[b]).to(lat)
-                ld = _log_softmax(ld) if fused_log_softmax else ld
-            # The duration block: small, computed whole in float64.
-            g_dur = torch.exp(ld) * total[..., None] if fused_log_softmax else torch.zeros_like(ld)
-            for i, dl in enumerate(b_dl):
-                if dl is not None:
-                    g_dur[..., dl] -= ob[..., i]
-            for j, dl in enumerate(e_dl):
-                if dl is not None:
-                    g_dur[:, :ub, dl] -= oe[..., j] * scale if scale != 1.0 else oe[..., j]
-            if clamp > 0:
-                g_dur = g_dur.clamp(-clamp, clamp)
-            if grad_scale != 1.0:
-                g_dur = g_dur * grad_scale
-        if fused_log_softmax:
-            s = row_sum[b, :tb, : ub + 1]
-            # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)); HAT's
-            # labels' softmax weighs the emission alone.
-            if table.hat:
-                wt = torch.zeros_like(total)
-                wt[:, :ub] = oe_sum
-                hat_b = (bsig[b, :tb, : ub + 1] * total - ob[..., 0]).to(acc)
-            else:
-                wt = total
-            w = torch.where(s > 0, wt.to(acc) / s, 0.0)
-            x = _seq_view(logits, b, tb, ub, offs[b]) if half else None
-            m = row_max[b, :tb, : ub + 1]
-            # Per blank class, the summed occupation of its arcs (TDT: every blank arc
-            # scores the one blank class): one subtraction per class and chunk.
-            per_class: dict[int, torch.Tensor] = {}
-            for i, c in enumerate(tok):
-                per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
-            for t0, t1 in _chunks(tb, ub, V):
-                if half:
-                    gc = gcw = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
-                    gc.mul_(w[t0:t1, :, None])
-                else:
-                    # Whole rows where the blocks are views of one joint (the duration
-                    # columns are overwritten below).
-                    gcw = gr[t0:t1] if gr is not None else g[t0:t1]
-                    gcw.mul_(w[t0:t1, :, None].to(gcw.dtype))
-                    gc = gcw[..., :V] if gr is not None else gcw
-                if table.hat:
-                    gc[..., hb] = hat_b[t0:t1].to(gc.dtype)
-                else:
-                    for c, o in per_class.items():
-                        gc[..., c] -= o[t0:t1].to(gc.dtype)
-                if ub:
-                    gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
-                                            -oe_tok[t0:t1, :, None].to(gc.dtype))
-                if clamp > 0:
-                    gcw.clamp_(-clamp, clamp)
-                if grad_scale != 1.0:
-                    gcw.mul_(grad_scale)
-                if half:
-                    g[t0:t1].copy_(gc)
+    g = _seq_view(grad, b, tb, ub, off)
+    # Occupations in the accumulation dtype (float64 for float64 input); their sums,
+    # and the small duration block, in float64.
+    ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
+    oe = occ_e[b, :tb, :ub]  # (tb, ub, De), FastEmit's (1 + λ) not yet applied
+    oe_sum = oe.sum(-1, dtype=lat)
+    if scale != 1.0:
+        oe_sum *= scale
+    total = ob.sum(-1, dtype=lat)
+    total[:, :ub] += oe_sum
+    oe_tok = oe_sum.to(acc)
+    idx = tg[b, :ub].to(g.device)[None, :, None]
+    g_dur = None
+    if table.num_durations:
+        if ld is None:
+            ld = _seq_view(dur_logits, b, tb, ub, off).to(lat)
+            ld = _log_softmax(ld) if fused_log_softmax else ld
+        g_dur = _duration_grad(ld, ob, oe, total, ub, table, fused_log_softmax, grad_scale)
+    # Per blank class, the summed occupation of its arcs (TDT: every blank arc scores
+    # the one blank class): one subtraction per class and chunk.
+    per_class: dict[int, torch.Tensor] = {}
+    for i, c in enumerate(table.blank_tokens):
+        per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
+    if fused_log_softmax:
+        s = row_sum[b, :tb, : ub + 1]
+        # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)); HAT's
+        # labels' softmax weighs the emission alone.
+        hat_b = None
+        if table.hat:
+            wt = torch.zeros_like(total)
+            wt[:, :ub] = oe_sum
+            hat_b = (bsig[b, :tb, : ub + 1] * total - ob[..., 0]).to(acc)
         else:
-            # The true derivative: minus the occupation of the arcs scoring each entry
-            # (the clamp and the scale act on those values directly).
-            g.zero_()
-            per_class = {}
-            for i, c in enumerate(tok):  # TDT: several blank arcs score the one blank class
-                per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
-            oe_c = oe_tok.clamp(max=clamp) if clamp > 0 else oe_tok
+            wt = total
+        w = torch.where(s > 0, wt.to(acc) / s, 0.0)
+        half = logits.dtype in (torch.float16, torch.bfloat16)
+        _softmax_grad(g, _seq_view(logits, b, tb, ub, off) if half else None,
+                      _seq_view(grad_rows, b, tb, ub, off) if grad_rows is not None else None,
+                      row_max[b, :tb, : ub + 1], w, hat_b, per_class, idx, oe_tok, table,
+                      grad_scale)
+    else:
+        # The true derivative: minus the occupation of the arcs scoring each entry
+        # (the clamp and the scale act on those values directly).
+        clamp = table.clamp
+        g.zero_()
+        oe_c = oe_tok.clamp(max=clamp) if clamp > 0 else oe_tok
+        for c, o in per_class.items():
+            o = o.clamp(max=clamp) if clamp > 0 else o
+            g[..., c] = -(o * grad_scale).to(g.dtype)
+        oe_c = oe_c * grad_scale
+        if ub:
+            g[:, :ub].scatter_(2, idx.expand(tb, ub, 1), -oe_c[..., None].to(g.dtype))
+    if g_dur is not None:
+        _seq_view(grad_dur, b, tb, ub, off).copy_(g_dur)
+
+
+def _duration_grad(ld, ob, oe, total, ub, table, fused_log_softmax, grad_scale) -> torch.Tensor:
+    """The duration block's gradient ``(T_b, U_b+1, D)``: small, computed whole in float64."""
+    scale = 1.0 + table.fastemit_lambda
+    clamp = table.clamp
+    g_dur = torch.exp(ld) * total[..., None] if fused_log_softmax else torch.zeros_like(ld)
+    for i, a in enumerate(table.blank_arcs):
+        if a.duration_logit is not None:
+            g_dur[..., a.duration_logit] -= ob[..., i]
+    for j, a in enumerate(table.emit_arcs):
+        if a.duration_logit is not None:
+            g_dur[:, :ub, a.duration_logit] -= oe[..., j] * scale if scale != 1.0 else oe[..., j]
+    if clamp > 0:
+        g_dur = g_dur.clamp(-clamp, clamp)
+    if grad_scale != 1.0:
+        g_dur = g_dur * grad_scale
+    return g_dur
+
+
+def _softmax_grad(g, x, gr, m, w, hat_b, per_class, idx, oe_tok, table, grad_scale) -> None:
+    """The token block's gradient of one sequence over chunks of frames:
+    ``exp(x - m) * w`` (``g`` holds ``exp(x - m)``; half inputs: recomputed from ``x``)
+    less the occupations, clamped and scaled. ``gr``: the whole rows ``g`` is a view of."""
+    acc = m.dtype
+    tb, ub, V = g.shape[0], g.shape[1] - 1, table.num_tokens
+    clamp = table.clamp
+    hb = table.blank_arcs[0].token if table.hat else -1
+    for t0, t1 in _chunks(tb, ub, V):
+        if x is not None:
+            gc = gcw = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
+            gc.mul_(w[t0:t1, :, None])
+        else:
+            # Whole rows where the blocks are views of one joint (the duration
+            # columns are overwritten below).
+            gcw = gr[t0:t1] if gr is not None else g[t0:t1]
+            gcw.mul_(w[t0:t1, :, None].to(gcw.dtype))
+            gc = gcw[..., :V] if gr is not None else gcw
+        if hat_b is not None:
+            gc[..., hb] = hat_b[t0:t1].to(gc.dtype)
+        else:
             for c, o in per_class.items():
-                o = o.clamp(max=clamp) if clamp > 0 else o
-                g[..., c] = -(o * grad_scale).to(g.dtype)
-            oe_c = oe_c * grad_scale
-            if ub:
-                g[:, :ub].scatter_(2, idx.expand(tb, ub, 1), -oe_c[..., None].to(g.dtype))
-        if D:
-            gd.copy_(g_dur)
-    if passes is not None:
-        skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)])
-        passes.epilogue(grad, occ_b, occ_e, list(tok), tg, scale, clamp, grad_scale, skip)
-    return loss
+                gc[..., c] -= o[t0:t1].to(gc.dtype)
+        if ub:
+            gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
+                                    -oe_tok[t0:t1, :, None].to(gc.dtype))
+        if clamp > 0:
+            gcw.clamp_(-clamp, clamp)
+        if grad_scale != 1.0:
+            gcw.mul_(grad_scale)
+        if x is not None:
+            g[t0:t1].copy_(gc)
