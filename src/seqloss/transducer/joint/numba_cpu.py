@@ -358,24 +358,13 @@ def _forward_table(
     then its last ``D`` columns; else a tensor of its own, as ``grad_dur``). No gradient
     when ``grad_tok`` is ``None``.
     """
-    dtype = logits.dtype
-    acc = _acc_dtype(dtype)
+    acc = _acc_dtype(logits.dtype)
     packed = logits.dim() == 2
-    V, D = table.num_tokens, table.num_durations
-    Tl = logit_lengths.tolist()
-    Ul = target_lengths.tolist()
+    D = table.num_durations
+    Tl, Ul, T, U1, offs = _layout(logits, logit_lengths, target_lengths)
     B = len(Tl)
-    T = max(Tl, default=0) if packed else logits.shape[1]
-    U1 = max(Ul, default=0) + 1
-    offs = [0] * B
-    for b in range(1, B):
-        offs[b] = offs[b - 1] + Tl[b - 1] * (Ul[b - 1] + 1)
     tg = targets.cpu()
-    uniq = sorted(set(table.blank_tokens))
-    bcol = [uniq.index(c) for c in table.blank_tokens]
-    bdl = [-1 if a.duration_logit is None else a.duration_logit for a in table.blank_arcs]
-    edl = [-1 if a.duration_logit is None else a.duration_logit for a in table.emit_arcs]
-    nu = len(uniq)
+    nu = len(set(table.blank_tokens))
     compute_grad = grad_tok is not None
     whole = rows is not None and compute_grad  # token rows and duration columns in one buffer
 
@@ -398,6 +387,37 @@ def _forward_table(
         run_jobs(_duration_job, (dur_logits.detach().numpy(), Tla, Ula, bool(fused_log_softmax),
                                  sd.numpy(), dur_bad),
                  range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
+    _table_prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax,
+                    grad_tok, rows if whole else None, row_sum, sb, se, sd, skip, dur_bad)
+
+    # ---- the lattice and, per state, its gradient row (one job per sequence)
+    ll = _table_lattice(sb, se, sd, row_sum, tg, Tl, Ul, offs, T, table, fused_log_softmax,
+                        skip, grad_tok, grad_dur if not whole else None, grad_scale,
+                        packed, logits.dtype)
+    del sb, se, sd, row_sum
+    loss = (-ll * (1.0 + table.fastemit_lambda)).to(acc)  # NaN where skipped
+    loss = loss.to(logits.device)
+    if not compute_grad:
+        return loss
+
+    # ---- padding, sequences without a path (zero) and NaN sequences (NaN)
+    _fill_grads((grad_tok,) if whole or not D else (grad_tok, grad_dur), ll.tolist(), skip, Tl,
+                Ul, offs, packed)
+    return loss
+
+
+def _table_prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, grad_tok,
+                    rows, row_sum, sb, se, sd, skip, dur_bad) -> None:
+    """The many-arc tables' prologue: each sequence's compact scores into ``sb``/``se``
+    (``sd``: the duration log-probs, unless ``dur_bad`` says they are done), ``row_sum``,
+    ``exp(x - m)`` into ``grad_tok`` (``rows``: the whole joint's rows), ``skip[b] = 1``
+    for a sequence with a NaN/``+inf`` logit."""
+    acc = _acc_dtype(logits.dtype)
+    V, D = table.num_tokens, table.num_durations
+    B, T, U1 = row_sum.shape
+    uniq = sorted(set(table.blank_tokens))
+    compute_grad = grad_tok is not None
+    whole = rows is not None
     # The token rows' shift, sum and exp(x - m) (into the gradient, for the lattice
     # kernel to rescale) in one Numba pass per row where the layout allows. (Storing
     # the states' occupations for a parallel row epilogue that recomputes exp(x - m)
@@ -456,7 +476,21 @@ def _forward_table(
                       se[b, :tb, :ub, 0].numpy())
         del xb, xe, m_b
 
-    # ---- the lattice and, per state, its gradient row (one job per sequence)
+
+def _table_lattice(sb, se, sd, row_sum, tg, Tl, Ul, offs, T, table, fused_log_softmax, skip,
+                   grad_tok, grad_dur, grad_scale, packed, dtype) -> torch.Tensor:
+    """``log p (B,)`` float64 from ``table_lattice_kernel``, one job per sequence, and the
+    gradient rows it writes (``grad_dur`` None: the duration block is the last ``D``
+    columns of ``grad_tok``'s rows, or there is none)."""
+    acc = _acc_dtype(dtype)
+    V, D = table.num_tokens, table.num_durations
+    B = len(Tl)
+    uniq = sorted(set(table.blank_tokens))
+    bcol = [uniq.index(c) for c in table.blank_tokens]
+    bdl = [-1 if a.duration_logit is None else a.duration_logit for a in table.blank_arcs]
+    edl = [-1 if a.duration_logit is None else a.duration_logit for a in table.emit_arcs]
+    compute_grad = grad_tok is not None
+    whole = grad_dur is None and D > 0
     ll = torch.empty((B,), dtype=torch.float64)
     i64 = np.int64
     if compute_grad:
@@ -489,16 +523,12 @@ def _forward_table(
               own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64)),
               _TINY[dtype]),
              range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
-    del sb, se, sd, row_sum
-    loss = (-ll * (1.0 + table.fastemit_lambda)).to(acc)  # NaN where skipped
-    loss = loss.to(logits.device)
-    if not compute_grad:
-        return loss
+    return ll
 
-    # ---- padding, sequences without a path (zero) and NaN sequences (NaN)
-    llist = ll.tolist()
-    grads = (grad_tok,) if whole or not D else (grad_tok, grad_dur)
-    for b in range(B):
+
+def _fill_grads(grads, llist, skip, Tl, Ul, offs, packed) -> None:
+    """Zero on padding and for a sequence without a path, NaN for a skipped one."""
+    for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
         if not packed:
             for gg in grads:
@@ -507,7 +537,6 @@ def _forward_table(
         if tb and (skip[b] or llist[b] == NEG_INF):
             for gg in grads:
                 _seq_view(gg, b, tb, ub, offs[b]).fill_(NAN if skip[b] else 0.0)
-    return loss
 
 
 def joint_loss_forward(
