@@ -660,6 +660,71 @@ def _params(table: JointTable, grad_scale: float, device: torch.device) -> torch
     return par
 
 
+def _no_frames(B: int, acc: torch.dtype, device: torch.device, grad: torch.Tensor | None,
+               grad_dur: torch.Tensor | None) -> torch.Tensor:
+    """No frame anywhere: every sequence is infeasible (``+inf``, zero gradient) and
+    nothing is read."""
+    loss = torch.full((B,), float("inf"), dtype=acc, device=device)
+    if grad is not None:
+        grad.zero_()
+        if grad_dur is not None:
+            grad_dur.zero_()
+    return loss
+
+
+def _normalizer_outputs(row_shape: tuple, NB: int, NE: int, fused: bool, acc: torch.dtype,
+                        device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(arc_blank, arc_emit, norm, row_bad)`` per row, for the normalizer to fill.
+
+    The arcs (and the lattice) are float64 whatever the input (as the Numba backend's):
+    a path through arcs of -2e4 (logits of 1e4) has alpha, beta and log p near -2e4,
+    where float32's ulp (0.002) would be the occupations' relative error. The lattice
+    is O(B T U) work, latency-bound (one barrier per diagonal), so float64 costs little
+    there; the logits-sized passes stay in float32. ``norm`` (fused only: else unused)
+    holds each row's ``(m, log s)``.
+    """
+    arc_blank = torch.empty((*row_shape, NB), dtype=torch.float64, device=device)
+    arc_emit = torch.empty((*row_shape, NE), dtype=torch.float64, device=device)
+    norm = arc_blank  # unused when not fused
+    if fused:
+        norm = torch.empty((*row_shape, 2), dtype=acc, device=device)
+    row_bad = torch.empty(row_shape, dtype=torch.int8, device=device)
+    return arc_blank, arc_emit, norm, row_bad
+
+
+def _lattice(arc_blank: torch.Tensor, arc_emit: torch.Tensor, row_bad: torch.Tensor,
+             il: torch.Tensor, tlen: torch.Tensor, table: JointTable, compute_grad: bool,
+             maps: tuple | None) -> tuple[torch.Tensor, ...]:
+    """``(log p, alpha, beta, bad (B,))``: the lattice on the normalizer's arc grids, and
+    each sequence's NaN flag from its rows' (``maps``: the packed layout's, else None)."""
+    if maps is None:
+        ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
+                                                table.blank_durations, table.emit_durations,
+                                                compute_grad, table.emit_can_end)
+        return ll, alpha, beta, row_bad.view(il.shape[0], -1).amax(1) > 0
+    ends, off, soff, num_states, max_u1 = maps
+    N = row_bad.shape[0]
+    ll, alpha, beta = transducer_alpha_beta_packed(
+        arc_blank, arc_emit, il, tlen, off, soff, num_states, max_u1,
+        table.blank_durations, table.emit_durations, compute_grad, table.emit_can_end)
+    # Flagged rows per sequence: differences of an exact integer prefix sum
+    # (deterministic; the clamp only guards lengths that overrun N).
+    n_bad = torch.cumsum(row_bad, 0, dtype=torch.int64)
+    n_bad = torch.cat([n_bad.new_zeros(1), n_bad])
+    return ll, alpha, beta, (n_bad[ends.clamp(max=N)] - n_bad[off.clamp(max=N)]) > 0
+
+
+def _launch_config(table: JointTable, NR: int, packed: bool, fused: bool,
+                   fp64: bool) -> tuple[tuple[int], dict]:
+    """The grid over ``NR`` rows and the ``tl.constexpr`` both kernels share."""
+    block_r, block_v = _row_blocks(table.num_tokens)
+    block_d = max(2, triton.next_power_of_2(max(table.num_durations, 1)))
+    consts = dict(NB=len(table.blank_arcs), NE=len(table.emit_arcs),
+                  HAS_DUR=table.num_durations > 0, PACKED=packed, FUSED=fused, FP64=fp64,
+                  HAT=table.hat, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
+    return (triton.cdiv(NR, block_r),), consts
+
+
 def _forward(
     logits: torch.Tensor,
     dur_logits: torch.Tensor | None,
@@ -687,12 +752,6 @@ def _forward(
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     B = il.shape[0]
-    # The lattice runs in float64 whatever the input (as the Numba backend's): a path
-    # through arcs of -2e4 (logits of 1e4) has alpha, beta and log p near -2e4, where
-    # float32's ulp (0.002) would be the occupations' relative error. The lattice is
-    # O(B T U) work, latency-bound (one barrier per diagonal), so float64 costs little
-    # there; the logits-sized passes stay in float32.
-    lat = torch.float64
     if packed:
         # Packed coordinates: the grids run over the N rows, each row's sequence and
         # (t, u) from device-side maps; no extent of the batch is read on the host.
@@ -706,25 +765,18 @@ def _forward(
     xd = dur_logits if dur_logits is not None else logits
     sxd = _strides(xd, packed)
     if B == 0 or NR == 0:
-        # No frame anywhere: every sequence is infeasible and nothing is read.
-        loss = torch.full((B,), float("inf"), dtype=acc, device=device)
-        if grad is not None:
-            grad.zero_()
-            if grad_dur is not None:
-                grad_dur.zero_()
-        return loss
+        return _no_frames(B, acc, device, grad, grad_dur)
 
     tg = targets.to(device=device, dtype=torch.int64)
     S = tg.shape[1]
+    maps = None
     if packed:
         ends, off, seq, soff, num_states, max_u1 = _packed_maps(il, tlen, N, S)
+        maps = (ends, off, soff, num_states, max_u1)
     else:
         off = seq = soff = il  # unused
     if S == 0:
         tg = torch.zeros((B, 1), dtype=torch.int64, device=device)  # never read
-    block_r, block_v = _row_blocks(V)
-    block_d = max(2, triton.next_power_of_2(max(D, 1)))
-    grid = (triton.cdiv(NR, block_r),)
     tab = _table_tensor(table, device)
     bd = _durations(table.blank_durations, device)
     ed = _durations(table.emit_durations, device)
@@ -732,36 +784,18 @@ def _forward(
     par = _params(table, grad_scale, device)
     if table.hat and not fused_log_softmax:
         raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
-    consts = dict(NB=NB, NE=NE, HAS_DUR=D > 0, PACKED=packed, FUSED=fused_log_softmax, FP64=fp64,
-                  HAT=table.hat, BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d)
+    grid, consts = _launch_config(table, NR, packed, fused_log_softmax, fp64)
     # Per row: padded (B, T, U+1, .), packed (N, .).
     row_shape = (N,) if packed else (B, T, U1)
     with _device_guard(logits):
-        arc_blank = torch.empty((*row_shape, NB), dtype=lat, device=device)
-        arc_emit = torch.empty((*row_shape, NE), dtype=lat, device=device)
-        norm = arc_blank  # unused when not fused
-        if fused_log_softmax:
-            norm = torch.empty((*row_shape, 2), dtype=acc, device=device)
-        row_bad = torch.empty(row_shape, dtype=torch.int8, device=device)
+        arc_blank, arc_emit, norm, row_bad = _normalizer_outputs(row_shape, NB, NE,
+                                                                 fused_log_softmax, acc, device)
         joint_normalizer_kernel[grid](
             logits, xd, tg, il, tlen, off, seq, tab, par, arc_blank, arc_emit, norm, row_bad,
             B, T, U1, NR, V, D, *sx, *sxd, *tg.stride(), **consts,
         )
-        if packed:
-            ll, alpha, beta = transducer_alpha_beta_packed(
-                arc_blank, arc_emit, il, tlen, off, soff, num_states, max_u1,
-                table.blank_durations, table.emit_durations, grad is not None,
-                table.emit_can_end)
-            # Flagged rows per sequence: differences of an exact integer prefix sum
-            # (deterministic; the clamp only guards lengths that overrun N).
-            n_bad = torch.cumsum(row_bad, 0, dtype=torch.int64)
-            n_bad = torch.cat([n_bad.new_zeros(1), n_bad])
-            bad = (n_bad[ends.clamp(max=N)] - n_bad[off.clamp(max=N)]) > 0
-        else:
-            ll, alpha, beta = transducer_alpha_beta(arc_blank, arc_emit, il, tlen,
-                                                    table.blank_durations, table.emit_durations,
-                                                    grad is not None, table.emit_can_end)
-            bad = row_bad.view(B, -1).amax(1) > 0
+        ll, alpha, beta, bad = _lattice(arc_blank, arc_emit, row_bad, il, tlen, table,
+                                        grad is not None, maps)
         loss = torch.where(bad, NAN, -ll * scale).to(acc)
         if grad is None:
             return loss
