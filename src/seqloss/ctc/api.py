@@ -142,11 +142,11 @@ def ctc_loss(
             # types above rule out traced tensors); any call it declines, value() takes.
             fast = ctc_loss_decl.fast
             if fast is not None and _eager(log_probs):
-                loss = fast(log_probs, targets, input_lengths, target_lengths, blank,
-                            fused_log_softmax, reduction, zero_infinity, delay_penalty, name,
-                            compute_grad, validate)
-                if loss is not None:
-                    return loss
+                out = fast(log_probs, targets, input_lengths, target_lengths, blank,
+                           fused_log_softmax, reduction, zero_infinity, delay_penalty, name,
+                           compute_grad, validate)
+                if out is not None:
+                    return ctc_loss_decl.lane(out, compute_grad, validate, log_probs)
             return ctc_loss_decl.value(
                 log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
                 reduction, zero_infinity, delay_penalty, name, compute_grad, validate)

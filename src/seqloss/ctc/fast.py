@@ -8,22 +8,19 @@ tensor, int64 CPU tensors for the targets and lengths, exact types -- straight t
 declaration (``op.ctc_loss_decl.value``), which calls this hook in eager mode only (no
 tracing, no functorch transform) with the op's own arguments, the backend resolved.
 The hook takes the call when the backend is Numba and the calling thread runs the batch
-(``numba_cpu.runs_inline``), and runs the backend's lean entry point
+(``numba_cpu.runs_inline``), runs the backend's lean entry point
 (``numba_cpu.ctc_loss_inline``, which checks the values and raises the general path's
-errors) behind an ``autograd.Function`` with the semantics of ``_core.opdecl._EagerOp``.
-Any other call returns ``None`` and takes the general path; both give the same bits
-(``tests/test_fast_lanes.py``).
+errors) and returns ``(loss, grad)``, which the declaration hands on through its lanes'
+``autograd.Function``. Any other call returns ``None`` and takes the general path; both
+give the same bits (``tests/test_fast_lanes.py``).
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from .._core import buffers, reduce
 from .._core.dispatch import kernel_module
-from .._core.lanes import compiling, freed_graph, grad_enabled, scaled_grads, wrapped
-from .._core.ops import _keep_graph, c_apply
 
 _F32, _F64, _I64 = torch.float32, torch.float64, torch.int64
 _SCALAR = {_F32: torch.empty((), dtype=_F32), _F64: torch.empty((), dtype=_F64)}
@@ -33,7 +30,8 @@ _CODES = reduce.CODES
 
 def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, fused_log_softmax,
              reduction, zero_infinity, delay_penalty, backend, compute_grad, validate):
-    """The op's value for the common eager CPU call, or ``None`` to take the general path.
+    """``(loss, grad)`` (``grad`` ``None`` unless ``compute_grad``) for the common eager CPU
+    call, or ``None`` to take the general path.
 
     The op's arguments: shapes and types checked, ``reduction`` resolved (no
     ``"mean"``), ``backend`` a concrete name."""
@@ -70,44 +68,6 @@ def ctc_fast(log_probs, targets, input_lengths, target_lengths, blank, fused_log
     red = _CODES[reduction]
     # red 0 (reduce.NONE): the (B,) losses; else the reduction, into a 0-D tensor
     res = log_probs.new_empty((B,)) if red == 0 else torch.empty_like(_SCALAR[dt])
-    spec = (k, (log_probs, tb_layout, targets, il, tl, blank, fused_log_softmax, delay_penalty,
-                grad, res, red, zero_infinity, validate), res, grad, validate)
-    if compute_grad:
-        return _apply(spec, log_probs)
-    k.ctc_loss_inline(*spec[1])
-    return res
-
-
-class _FastCTC(torch.autograd.Function):
-    """``_core.opdecl._EagerOp`` for the lane: the same backward rule (``grad_to_hand_on``)
-    and autograd semantics, with one output and the gradient kept on ``ctx`` (two
-    outputs, ``save_for_backward`` and a detached alias cost ~1.5 us a call here, 4% of
-    a B=1 forward+backward)."""
-
-    @staticmethod
-    def forward(ctx, spec, lp):
-        spec[0].ctc_loss_inline(*spec[1])
-        ctx.grad, ctx.validate = spec[3], spec[4]
-        ctx.lp = lp  # the input, to attach a create_graph gradient to (see backward)
-        return spec[2]
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad = ctx.grad
-        if grad is None:
-            raise freed_graph()
-        keep = _keep_graph()
-        # The usual loss.backward() of a reduced loss: hand the gradient on (see
-        # grad_to_hand_on, whose other cases this defers to).
-        if (not keep and type(grad_loss) is Tensor and not grad_enabled()
-                and grad_loss.dim() == 0 and ctx.validate and not compiling()
-                and not wrapped(grad_loss) and grad_loss.item() == 1):
-            ctx.grad = ctx.lp = None
-            return None, grad
-        (out,) = scaled_grads((grad,), (ctx.lp,), grad_loss, 1, ctx.validate)
-        if not keep:
-            ctx.grad = ctx.lp = None
-        return None, out
-
-
-_apply = c_apply(_FastCTC)
+    k.ctc_loss_inline(log_probs, tb_layout, targets, il, tl, blank, fused_log_softmax,
+                      delay_penalty, grad, res, red, zero_infinity, validate)
+    return res, grad

@@ -7,8 +7,9 @@ runs cold: the same ``autograd.grad`` that takes 22 us after a small forward tak
 backward's generic hand-off cost ~0.3 ms around a 1.6 ms kernel there. This lane takes
 the call a training loop makes -- float32/float64 CPU arcs of one dtype, the Numba
 backend (as dispatch resolved it), a gradient wanted -- with the op's own (checked)
-arguments, and runs the backend's public recursion behind a one-output
-``autograd.Function`` with the general path's semantics (``tests/test_fast_lanes.py``).
+arguments, and runs the backend's public recursion; the declaration hands its results
+on through its lanes' one-output ``autograd.Function``, with the general path's
+semantics (``tests/test_fast_lanes.py``).
 Any other call returns ``None`` and takes the general path, which also raises every
 value error.
 """
@@ -21,8 +22,6 @@ from torch import Tensor
 
 from ..._core import checks as _validate
 from ..._core.dispatch import kernel_module
-from ..._core.lanes import compiling, freed_graph, grad_enabled, scaled_grads, wrapped
-from ..._core.ops import _all_ones, _keep_graph, c_apply
 
 _F32, _F64 = torch.float32, torch.float64
 
@@ -59,7 +58,7 @@ def poison(ll: Tensor, ob: Tensor | None, oe: Tensor | None, il: Tensor, tl: Ten
 
 def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durations,
                  emit_durations, emit_can_end, backend, compute_grad, validate):
-    """``transducer_lattice``'s log-likelihoods for the common eager CPU call, or ``None``.
+    """``(log_likelihood, occ_blank, occ_emit)`` for the common eager CPU call, or ``None``.
 
     Called by the op declaration in eager mode only (no tracing, no functorch
     transform), with the op's arguments: checked, the backend resolved."""
@@ -77,39 +76,11 @@ def lattice_fast(arc_blank, arc_emit, logit_lengths, target_lengths, blank_durat
             bad = il.min() < 0 or il.max() > T or tl.min() < 0 or tl.max() > U
         if bad:
             return None
-    spec = (kernel_module("lattice", "numba"), logit_lengths, target_lengths,
-            tuple(blank_durations), tuple(emit_durations), emit_can_end, validate)
-    return _apply(spec, arc_blank, arc_emit)
-
-
-class _FastLattice(torch.autograd.Function):
-    """The declaration's eager ``autograd.Function`` for the lane: the same implementation
-    and backward rule (``grads_to_hand_on``), one output, the occupations kept on ``ctx``."""
-
-    @staticmethod
-    def forward(ctx, spec, ab, ae):
-        k, il, tl, bd, ed, can, validate = spec
-        ll, ob, oe = k.transducer_lattice(ab.detach(), ae.detach(), il, tl, bd, ed, True, can)
-        s = ll.numpy().sum()  # NaN or +inf in any sequence: the general path's poisoning
-        if s != s or s == np.inf:
-            ll, ob, oe = poison(ll, ob, oe, il, tl, list(bd), list(ed), can)
-        ctx.ob, ctx.oe, ctx.ab, ctx.ae, ctx.validate = ob, oe, ab, ae, validate
-        return ll
-
-    @staticmethod
-    def backward(ctx, g):
-        ob, oe = ctx.ob, ctx.oe
-        if ob is None:
-            raise freed_graph()
-        keep = _keep_graph()
-        if (not keep and type(g) is Tensor and not grad_enabled() and ctx.validate
-                and not compiling() and not wrapped(g) and _all_ones(g)):
-            ctx.ob = ctx.oe = ctx.ab = ctx.ae = None
-            return None, ob, oe
-        gb, ge = scaled_grads((ob, oe), (ctx.ab, ctx.ae), g, 0, ctx.validate)
-        if not keep:
-            ctx.ob = ctx.oe = ctx.ab = ctx.ae = None
-        return None, gb, ge
-
-
-_apply = c_apply(_FastLattice)
+    ll, ob, oe = kernel_module("lattice", "numba").transducer_lattice(
+        arc_blank.detach(), arc_emit.detach(), logit_lengths, target_lengths,
+        tuple(blank_durations), tuple(emit_durations), True, emit_can_end)
+    s = ll.numpy().sum()  # NaN or +inf in any sequence: the general path's poisoning
+    if s != s or s == np.inf:
+        ll, ob, oe = poison(ll, ob, oe, logit_lengths, target_lengths, list(blank_durations),
+                            list(emit_durations), emit_can_end)
+    return ll, ob, oe
