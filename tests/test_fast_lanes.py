@@ -13,7 +13,9 @@ the float64 reference and brute force in each family's file, and here once more 
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -401,3 +403,46 @@ def test_lattice_common_call_and_general_conversion_agree():
         seqloss.transducer_lattice(ab, ae, il, tl, (1, True), (0, 1))
     with pytest.raises(seqloss.InputError, match="target_lengths"):
         seqloss.transducer_lattice(ab, ae, il, tl[:2], (1, 2), (0, 1))
+
+
+# ------------------------------------------------------------------ both lanes
+@pytest.mark.parametrize("family", ["ctc", "lattice"])
+def test_lane_frees_its_results_with_the_graph(family, monkeypatch):
+    """The declaration's lane Function keeps the gradients and the inputs, never the value:
+    a reference cycle through the value would keep the input-sized gradients alive until
+    the garbage collector runs. Dropping the loss unused frees them at once."""
+    decl = ctc_loss_decl if family == "ctc" else op.lattice_decl
+    real, held = decl.fast, []
+
+    def spy(*args):
+        out = real(*args)
+        held.extend(weakref.ref(t) for t in out)
+        return out
+
+    monkeypatch.setattr(decl, "fast", spy)
+    if family == "ctc":
+        x, tg, il, tl = _ctc_inputs()
+        x.requires_grad_()
+    else:
+        ab, ae, il, tl = _lattice_inputs()
+        a, e = ab.requires_grad_(), ae.requires_grad_()
+    gc.disable()
+    try:
+        for backward in (False, True):
+            if family == "ctc":
+                loss = seqloss.ctc_loss(x, tg, il, tl)
+            else:
+                loss = seqloss.transducer_lattice(a, e, il, tl, (1, 2), (0, 1)).sum()
+            assert len(held) == (2 if family == "ctc" else 3)
+            assert all(r() is not None for r in held[1:])  # the gradients, kept
+            if backward:  # the graph kept, then dropped with the loss
+                loss.backward(retain_graph=True)
+                if family == "ctc":
+                    x.grad = None
+                else:
+                    a.grad = e.grad = None
+            del loss
+            assert all(r() is None for r in held), "a reference cycle keeps them"
+            held.clear()
+    finally:
+        gc.enable()
