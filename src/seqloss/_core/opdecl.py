@@ -231,20 +231,12 @@ class OpDecl:
                     if out is not None:
                         if not args[-2]:
                             return out[0]
-                        return _lane_apply((self, out, args[-1]), *xs)
+                        return apply_lane((self, out, args[-1]), *xs)
                 if not args[self._flag]:
                     return self.impl(*args)[0]
                 out = apply_eagerly(self._eager, self._eager_apply, (self, args[n:]), *xs)
                 return out[0] if self.vjp is None else out
         return self(*args)[0]
-
-    def lane(self, out: tuple[Tensor, ...], compute_grad: bool, validate: bool,
-             *xs: Tensor) -> Tensor:
-        """The value of the fast path's results ``out`` for the differentiable inputs ``xs``,
-        as ``value`` makes it: for a caller that called ``fast`` itself (see ``eager``)."""
-        if not compute_grad:
-            return out[0]
-        return _lane_apply((self, out, validate), *xs)
 
 
 def eager(x: Tensor) -> bool:
@@ -313,7 +305,7 @@ class _Lane(torch.autograd.Function):
         lane = ctx.lane
         if lane is None:  # unpacking freed saved tensors would raise this
             raise freed_graph()
-        grads, validate = lane[0], lane[1]
+        grads, validate, xs, decl = lane
         keep = _keep_graph()
         # The usual loss.backward() of a reduced loss: hand the gradients on as they are
         # (grads_to_hand_on's rule, whose other cases scaled_grads follows).
@@ -321,14 +313,17 @@ class _Lane(torch.autograd.Function):
                 and not _compiling() and not _wrapped(g)
                 and (g.item() == 1 if g.dim() == 0 else _all_ones(g))):
             ctx.lane = None
-            return (None, *grads)
-        out = scaled_grads(grads, lane[2], g, lane[3].batch_dim, validate)
+            return (None,) + grads
+        out = scaled_grads(grads, xs, g, decl.batch_dim, validate)
         if not keep:
             ctx.lane = None
-        return (None, *out)
+        return (None,) + out
 
 
-_lane_apply = c_apply(_Lane)
+# ``apply_lane((decl, out, validate), *xs)``: the lane's value, attached to ``xs``, for
+# ``decl``'s fast path results ``out`` (a caller that called ``fast`` itself, as
+# ``eager`` describes, hands them on with it where ``compute_grad`` holds).
+apply_lane = c_apply(_Lane)
 
 
 class _FuncOp(torch.autograd.Function):
