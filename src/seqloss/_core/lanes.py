@@ -1,8 +1,10 @@
 """What the eager CPU fast lanes share (``ctc/fast.py``, ``transducer/lattice/fast.py``).
 
-A lane recognises the common eager call with exact-type tests and runs its kernel behind
-a lean ``autograd.Function`` with one output, the saved gradients kept on ``ctx``. These
-are the pieces such a Function needs to keep the general path's autograd semantics.
+A lane recognises the common eager call with exact-type tests and runs its kernel; the
+declaration hands the results on through its one lean ``autograd.Function`` for every
+lane (``opdecl._Lane``: one output, the gradients kept on ``ctx``). Here: the cheap
+backend resolution, and the pieces that Function needs to keep the general path's
+autograd semantics.
 """
 
 from __future__ import annotations

@@ -243,8 +243,8 @@ def eager(x: Tensor) -> bool:
     """Whether ``value`` calls the fast hook for an op whose one differentiable input ``x``
     is an exact ``Tensor`` (traced tensors are subclasses): no tracing, no ``torch.func``
     transform. For a caller whose own exact-type test already passed, so that it calls
-    the hook directly: ``value``'s tests and argument tuples cost ~1.5 us, 5% of a small
-    CTC forward+backward."""
+    the hook directly (and hands its results on as ``value`` does, through ``apply_lane``):
+    ``value``'s tests and argument tuples cost ~1.5 us, 5% of a small CTC forward+backward."""
     return not (_compiling() or _transforms_active() or _wrapped(x) or _is_functional(x))
 
 
