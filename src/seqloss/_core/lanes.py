@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import resolve_backend
-from .ops import _no_double_backward, batch_product, grads_to_hand_on
+from .ops import DOUBLE_BACKWARD, batch_product, grads_to_hand_on
 
 grad_enabled = torch.is_grad_enabled
 compiling = torch.compiler.is_compiling
@@ -82,20 +82,28 @@ def freed_graph() -> RuntimeError:
         "need to backward a second time.")
 
 
-class _NoDoubleBackward(torch.autograd.Function):
+class _Attached(torch.autograd.Function):
+    """``g``, attached to the graph of ``x`` with a backward that raises ``message``. The
+    ``setup_context`` form: a ``torch.func`` backward reaches it too (``opdecl``'s
+    ``vjp`` ops)."""
+
     @staticmethod
-    def forward(ctx, x, g):
+    def forward(g, x, message):
         return g.clone()
 
     @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.message = inputs[2]
+
+    @staticmethod
     def backward(ctx, _g):
-        _no_double_backward(ctx, _g)
+        raise RuntimeError(ctx.message)
 
 
-def attach(x: Tensor, g: Tensor) -> Tensor:
+def attach(x: Tensor, g: Tensor, message: str = DOUBLE_BACKWARD) -> Tensor:
     """``g`` (a gradient for ``x``, under ``create_graph``) attached to ``x``: a double
     backward through it meets the clear error instead of a silent zero."""
-    return _NoDoubleBackward.apply(x, g)
+    return _Attached.apply(g, x, message)
 
 
 def scaled_grads(grads: tuple[Tensor, ...], inputs: tuple[Tensor, ...], g: Tensor,

@@ -40,7 +40,7 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
-from .lanes import freed_graph, scaled_grads
+from .lanes import attach, freed_graph, scaled_grads
 from .ops import _all_ones, _keep_graph, apply_eagerly, batch_product, c_apply, grads_to_hand_on
 
 _wrapped = torch._C._functorch.is_functorch_wrapped_tensor
@@ -179,7 +179,8 @@ class OpDecl:
         with torch.no_grad():
             out = self.vjp(g, xs, saved[n:], ctx.rest, ctx.needs_input_grad[1:n + 1], False)
         if torch.is_grad_enabled():
-            out = tuple(None if o is None else _Once.apply(o, x, self.name)
+            msg = f"seqloss: double backward of {self.name} is not supported"
+            out = tuple(None if o is None else attach(x, o, msg)
                         for x, o in zip(xs, out, strict=True))
         return out
 
@@ -340,23 +341,6 @@ class _FuncOp(torch.autograd.Function):
         decl._setup(ctx, rest, output)
 
     backward = _EagerOp.backward
-
-
-class _Once(torch.autograd.Function):
-    """``x``, attached to the graph of ``like`` with a backward that raises: a ``vjp`` op's
-    gradient under ``create_graph=True``."""
-
-    @staticmethod
-    def forward(x, like, name):
-        return x.clone()
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.name = inputs[2]  # the setup_context form: torch.func's backward reaches it too
-
-    @staticmethod
-    def backward(ctx, g):
-        raise RuntimeError(f"seqloss: double backward of {ctx.name} is not supported")
 
 
 class _EagerVjp(torch.autograd.Function):

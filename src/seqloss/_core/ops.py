@@ -47,11 +47,12 @@ def _(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
     return torch.empty_like(grad)
 
 
+DOUBLE_BACKWARD = ("seqloss: double backward is not supported (the loss's gradient is "
+                   "computed in the forward pass and is not itself differentiable)")
+
+
 def _no_double_backward(ctx, g):
-    raise RuntimeError(
-        "seqloss: double backward is not supported (the loss's gradient is computed "
-        "in the forward pass and is not itself differentiable)"
-    )
+    raise RuntimeError(DOUBLE_BACKWARD)
 
 
 scale_grad.register_autograd(_no_double_backward)
