@@ -702,7 +702,7 @@ def _lattice(arc_blank: torch.Tensor, arc_emit: torch.Tensor, row_bad: torch.Ten
                                                 table.blank_durations, table.emit_durations,
                                                 compute_grad, table.emit_can_end)
         return ll, alpha, beta, row_bad.view(il.shape[0], -1).amax(1) > 0
-    ends, off, soff, num_states, max_u1 = maps
+    ends, off, _, soff, num_states, max_u1 = maps
     N = row_bad.shape[0]
     ll, alpha, beta = transducer_alpha_beta_packed(
         arc_blank, arc_emit, il, tlen, off, soff, num_states, max_u1,
@@ -752,14 +752,11 @@ def _forward(
     il = logit_lengths.to(device=device, dtype=torch.int64).contiguous()
     tlen = target_lengths.to(device=device, dtype=torch.int64).contiguous()
     B = il.shape[0]
-    if packed:
-        # Packed coordinates: the grids run over the N rows, each row's sequence and
-        # (t, u) from device-side maps; no extent of the batch is read on the host.
-        N = logits.shape[0]
-        T, U1, NR = 0, 0, N  # T, U1 unused
-    else:
-        _, T, U1, _ = logits.shape
-        NR = B * T * U1
+    # Packed coordinates: the grids run over the N rows, each row's sequence and (t, u)
+    # from device-side maps; no extent of the batch is read on the host.
+    N = logits.shape[0] if packed else 0
+    T, U1 = (0, 0) if packed else tuple(logits.shape[1:3])  # packed: unused
+    NR = N if packed else B * T * U1
     sx = _strides(logits, packed)
     # Without a duration block, the (never read) duration pointers are the logits'.
     xd = dur_logits if dur_logits is not None else logits
@@ -769,18 +766,13 @@ def _forward(
 
     tg = targets.to(device=device, dtype=torch.int64)
     S = tg.shape[1]
-    maps = None
-    if packed:
-        ends, off, seq, soff, num_states, max_u1 = _packed_maps(il, tlen, N, S)
-        maps = (ends, off, soff, num_states, max_u1)
-    else:
-        off = seq = soff = il  # unused
+    maps = _packed_maps(il, tlen, N, S) if packed else None
+    off, seq, soff = maps[1:4] if packed else (il, il, il)  # padded: unused
     if S == 0:
         tg = torch.zeros((B, 1), dtype=torch.int64, device=device)  # never read
     tab = _table_tensor(table, device)
     bd = _durations(table.blank_durations, device)
     ed = _durations(table.emit_durations, device)
-    scale = 1.0 + table.fastemit_lambda
     par = _params(table, grad_scale, device)
     if table.hat and not fused_log_softmax:
         raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
@@ -796,7 +788,7 @@ def _forward(
         )
         ll, alpha, beta, bad = _lattice(arc_blank, arc_emit, row_bad, il, tlen, table,
                                         grad is not None, maps)
-        loss = torch.where(bad, NAN, -ll * scale).to(acc)
+        loss = torch.where(bad, NAN, -ll * (1.0 + table.fastemit_lambda)).to(acc)
         if grad is None:
             return loss
 
