@@ -47,6 +47,28 @@ def seq_weight(code: int, length: int, batch: int, total: int) -> float:
     return 1.0
 
 
+def length_total(code: int, lengths) -> int:
+    """``sum_b U_b`` where the reduction ``code`` needs it (``"mean_volume"``), else 0: the
+    ``total`` of :func:`seq_weight`. Plain loops, so Numba compiles it too."""
+    total = 0
+    if code == MEAN_VOLUME:
+        for b in range(lengths.shape[0]):
+            total += lengths[b]
+    return total
+
+
+def weighted_sum(code: int, loss, lengths) -> float:
+    """``sum_b w_b loss_b`` accumulated in float64, ``w_b`` :func:`seq_weight`'s: the
+    reduction of a kernel that reduces its ``(B,)`` losses itself (CTC's Numba kernel
+    compiles this function, with ``seq_weight`` compiled too)."""
+    B = loss.shape[0]
+    total = length_total(code, lengths)
+    acc = 0.0
+    for b in range(B):
+        acc += float(loss[b]) * seq_weight(code, lengths[b], B, total)
+    return acc
+
+
 def weights(reduction: str, target_lengths: torch.Tensor, loss: torch.Tensor
             ) -> torch.Tensor | None:
     """The mean's weights, ``(B,)`` or 0-D in ``loss``'s dtype and device; ``None`` for

@@ -95,6 +95,7 @@ from __future__ import annotations
 
 import math
 import platform
+import types as types_mod
 
 import numpy as np
 import torch
@@ -1266,17 +1267,20 @@ def _ctc_seq_slow(x, tb_layout, targets, toff, il, tl, blank, fused, dp, compute
 
 # --------------------------------------------------------------------------- entry point
 RED_NONE = reduce.NONE
+
+
+def _jit_reduce(fn, **callees):
+    """``fn`` of ``_core.reduce`` compiled here (inline), its calls to other functions of
+    that module resolved to their compiled twins ``callees``: the reduction is written
+    once, there, and this kernel runs it without a dispatch back to Python."""
+    g = dict(fn.__globals__, **callees)
+    return njit(inline="always", cache=True)(
+        types_mod.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__))
+
+
 _seq_weight = njit(inline="always", cache=True)(reduce.seq_weight)
-
-
-@njit(inline="always", cache=True, error_model="numpy")
-def _red_total(red, tl):
-    """``sum_b L_b`` where the reduction (``reduce.CODES``) needs it, else 0."""
-    total = 0
-    if red == reduce.MEAN_VOLUME:  # (a loop: tl.sum() compiles an overload of its own)
-        for b in range(tl.shape[0]):
-            total += tl[b]
-    return total
+_red_total = _jit_reduce(reduce.length_total)
+_weighted_sum = _jit_reduce(reduce.weighted_sum, seq_weight=_seq_weight, length_total=_red_total)
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -1297,11 +1301,7 @@ def _finish(loss, tl, red, zero_infinity, out, grad, tb_layout):
                     else:
                         grad[b] = 0.0
     if red != RED_NONE:
-        acc = 0.0
-        total = _red_total(red, tl)
-        for b in range(B):
-            acc += np.float64(loss[b]) * _seq_weight(red, tl[b], B, total)
-        out[0] = acc
+        out[0] = _weighted_sum(red, loss, tl)
 
 
 @intrinsic
