@@ -109,6 +109,50 @@ def _layout_hint(log_probs: object, targets: object, input_lengths: object,
             f"forced_align takes them ((1, T, C)), pass batch_first=True")
 
 
+def _ctc_align_args(log_probs: object, targets: object, input_lengths: object,
+                    target_lengths: object, blank: object, batch_first: object,
+                    validate: object) -> tuple[int, Tensor, Tensor, Tensor, Tensor, bool]:
+    """``(blank, *_ctc_align_inputs(...))`` from ``ctc_align``'s arguments, an
+    ``InputError`` extended with the layout hint when the other layout fits."""
+    blank = checks.int_arg(blank, "blank")
+    validate = checks.flag(validate, "validate")
+    batch_first = checks.flag(batch_first, "batch_first")
+    try:
+        return (blank, *_ctc_align_inputs(log_probs, targets, input_lengths, target_lengths,
+                                          blank, batch_first, validate))
+    except InputError as e:
+        hint = _layout_hint(log_probs, targets, input_lengths, target_lengths, blank,
+                            batch_first, validate)
+        if hint is None:
+            raise
+        raise InputError(f"{e}; {hint}") from e
+
+
+def _poison_bad_frames(lp: Tensor, il: Tensor, labels: Tensor, scores: Tensor, blank: int
+                       ) -> tuple[Tensor, Tensor]:
+    """``blank`` and NaN on every frame of a sequence with NaN or ``+inf`` in a read
+    frame, whatever the class (the kernels compare only the path's classes)."""
+    T, B, _ = lp.shape
+    if not (T and B):
+        return labels, scores
+    # amax propagates NaN.
+    frame_bad = ~(lp.amax(dim=-1) < float("inf")).transpose(0, 1)  # (B, T)
+    valid = torch.arange(T, device=lp.device)[None, :] < il[:, None]
+    bad = (frame_bad & valid).any(dim=1, keepdim=True) & valid
+    return torch.where(bad, blank, labels), torch.where(bad, NAN, scores)
+
+
+def _as_returned(labels: Tensor, scores: Tensor, targets: object, unbatched: bool
+                 ) -> tuple[Tensor, Tensor]:
+    """``(labels, scores)`` as returned: labels in the targets' dtype, ``(T,)`` unbatched."""
+    # torchaudio's forced_align returns labels in the targets' dtype.
+    if isinstance(targets, Tensor) and targets.dtype != labels.dtype:
+        labels = labels.to(targets.dtype)
+    if unbatched:
+        return labels[0], scores[0]
+    return labels, scores
+
+
 @torch.no_grad()
 def ctc_align(
     log_probs: Tensor,
@@ -183,31 +227,9 @@ def ctc_align(
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: no autograd (results are detached), deterministic.
     """
-    blank = checks.int_arg(blank, "blank")
-    validate = checks.flag(validate, "validate")
-    batch_first = checks.flag(batch_first, "batch_first")
-    try:
-        lp, padded, il, tl, unbatched = _ctc_align_inputs(
-            log_probs, targets, input_lengths, target_lengths, blank, batch_first, validate)
-    except InputError as e:
-        hint = _layout_hint(log_probs, targets, input_lengths, target_lengths, blank,
-                            batch_first, validate)
-        if hint is None:
-            raise
-        raise InputError(f"{e}; {hint}") from e
-    T, B, C = lp.shape
+    blank, lp, padded, il, tl, unbatched = _ctc_align_args(
+        log_probs, targets, input_lengths, target_lengths, blank, batch_first, validate)
     name = resolve_backend(backend, lp.device)
     labels, scores = kernel_module("align", name).ctc_align_forward(lp, padded, il, tl, blank)
-    if T and B:
-        # NaN or +inf in a read frame, whatever the class: amax propagates NaN.
-        frame_bad = ~(lp.amax(dim=-1) < float("inf")).transpose(0, 1)  # (B, T)
-        valid = torch.arange(T, device=lp.device)[None, :] < il[:, None]
-        bad = (frame_bad & valid).any(dim=1, keepdim=True) & valid
-        labels = torch.where(bad, blank, labels)
-        scores = torch.where(bad, NAN, scores)
-    # torchaudio's forced_align returns labels in the targets' dtype.
-    if isinstance(targets, Tensor) and targets.dtype != labels.dtype:
-        labels = labels.to(targets.dtype)
-    if unbatched:
-        return labels[0], scores[0]
-    return labels, scores
+    labels, scores = _poison_bad_frames(lp, il, labels, scores, blank)
+    return _as_returned(labels, scores, targets, unbatched)

@@ -52,18 +52,28 @@ def ctc_align_forward(
     then ``s-1`` if strictly greater than ``s``, else ``s``; the path ends in
     ``2L-1`` unless ``delta[T_b-1, 2L]`` is strictly greater.
     """
-    T, B, C = log_probs.shape
+    T, B = log_probs.shape[:2]
     device = log_probs.device
     acc = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
-    S = targets.shape[1]
-    K = 2 * S + 1
-    L = target_lengths.to(device)
-    Tb = input_lengths.to(device)
     labels = torch.full((B, T), blank, dtype=torch.int64, device=device)
     scores = torch.zeros((B, T), dtype=acc, device=device)
     if T == 0 or B == 0:
         return labels, scores
+    L = target_lengths.to(device)
+    Tb = input_lengths.to(device)
+    ext, e, skip = _extended_emissions(log_probs, targets, L, blank, acc)
+    delta, bp = _viterbi(e, skip, Tb)
+    return _backtrack(delta, bp, ext, e, L, Tb, labels, scores, blank)
 
+
+def _extended_emissions(log_probs: torch.Tensor, targets: torch.Tensor, L: torch.Tensor,
+                        blank: int, acc: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ext (B, K)`` extended labels, ``e (T, B, K)`` their log-probs in ``acc``
+    (``-inf`` past ``2L_b + 1``) and ``skip (B, K)``: state ``s`` may be entered from ``s-2``."""
+    T, B = log_probs.shape[:2]
+    device = log_probs.device
+    K = 2 * targets.shape[1] + 1
     ext = torch.full((B, K), blank, dtype=torch.int64, device=device)
     ext[:, 1::2] = targets
     s_idx = torch.arange(K, device=device)
@@ -73,8 +83,16 @@ def ctc_align_forward(
     skip = torch.zeros(B, K, dtype=torch.bool, device=device)
     if K > 2:
         skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
-    neg = torch.full((B, K), NEG_INF, dtype=acc, device=device)
+    return ext, e, skip
 
+
+def _viterbi(e: torch.Tensor, skip: torch.Tensor, Tb: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``delta (B, K)`` at each sequence's last frame and the backpointers ``bp (T, B, K)``
+    int8: how many states back (0, 1, 2) the best predecessor of ``(t, s)`` is."""
+    T, B, K = e.shape
+    device = e.device
+    neg = torch.full((B, K), NEG_INF, dtype=e.dtype, device=device)
     delta = neg.clone()
     delta[:, : min(2, K)] = e[0, :, : min(2, K)]
     bp = torch.zeros((T, B, K), dtype=torch.int8, device=device)
@@ -89,7 +107,16 @@ def ctc_align_forward(
         best = torch.where(take2, x2, torch.where(take1, x1, x0))
         bp[t] = torch.where(take2, two, torch.where(take1, one, torch.zeros_like(one)))
         delta = torch.where((t < Tb)[:, None], best + e[t], delta)
+    return delta, bp
 
+
+def _backtrack(delta: torch.Tensor, bp: torch.Tensor, ext: torch.Tensor, e: torch.Tensor,
+               L: torch.Tensor, Tb: torch.Tensor, labels: torch.Tensor, scores: torch.Tensor,
+               blank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill ``labels``/``scores (B, T)`` along the best path from the end state back;
+    ``blank``/``-inf`` on the frames of a sequence without a finite path."""
+    T, B = e.shape[:2]
+    device = e.device
     bidx = torch.arange(B, device=device)
     last_label = delta[bidx, (2 * L - 1).clamp(min=0)]
     last_blank = delta[bidx, 2 * L]
