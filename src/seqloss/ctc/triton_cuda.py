@@ -25,6 +25,13 @@ maximum of 0 at every frame (shifts summed in float64 for the loss), and the
 occupation of a frame is the softmax over states of ``alpha + beta'``, so the
 rescalings and ``log p`` cancel. Results are bit-deterministic: no atomics, and
 every reduction has a fixed order.
+
+Race-freedom on a GPU (the recursions): the shifted states ``s-1``, ``s-2`` (beta:
+``s+1``, ``s+2``) live in other lanes (other threads), so they are read back from the
+row stored for the previous frame. Those rows belong to one program (one program per
+sequence, no other program of the launch touches them), and every store of a frame is
+followed by ``tl.debug_barrier()`` (``bar.sync``, which also orders the CTA's
+global-memory accesses) before the loads of the next.
 """
 
 # No ``from __future__ import annotations``: the interpreter of triton < 3.2 takes a
@@ -88,6 +95,75 @@ def ctc_normalizer_kernel(
 
 
 @triton.jit
+def _alpha_lanes(x_ptr, lse_ptr, tgt_ptr, alpha_ptr, i_b, b_L, B, K, stride_xb, stride_xc,
+                 stride_tb, stride_ts, blank, BLOCK_K: tl.constexpr):
+    """``ctc_alpha_kernel``'s lanes ``s`` of sequence ``i_b``: ``(o_s, K_b, m_s, m_s1,
+    m_lab, m_skip, p_x, p_lse, p_a, BK)``: ``s``, ``2 L_b + 1``, the masks (state, ``s-1``
+    exists, label, ``s-2`` arc), the addresses at frame 0 of ``l'_s``'s logit, of the
+    sequence's ``lse`` and of its alpha row, the row stride ``B K``."""
+    K_b = 2 * b_L + 1
+    # int64 lanes: all offset arithmetic in 64 bits (no int32 overflow checks needed).
+    o_s = tl.arange(0, BLOCK_K).to(tl.int64)
+    m_s = o_s < K_b
+    m_lab = m_s & ((o_s % 2) == 1)
+    m_s1 = m_s & (o_s >= 1)
+    p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
+    b_ext = tl.load(p_tgt, mask=m_lab, other=blank)
+    b_prev = tl.load(p_tgt - stride_ts, mask=m_lab & (o_s >= 3), other=blank)
+    m_skip = m_lab & (o_s >= 3) & (b_ext != blank) & (b_ext != b_prev)
+    p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
+    p_lse = lse_ptr + i_b
+    # 64-bit: T B K (the alpha rows) may pass 2**31 elements.
+    BK = tl.cast(B, tl.int64) * K
+    p_a = alpha_ptr + i_b * K + o_s
+    return o_s, K_b, m_s, m_s1, m_lab, m_skip, p_x, p_lse, p_a, BK
+
+
+@triton.jit
+def _alpha_first_frame(p_x, p_lse, p_a, o_s, K_b, m_lab, b_T, b_dp, b_half,
+                       FUSED: tl.constexpr, FP64: tl.constexpr, DELAY: tl.constexpr):
+    """Frame 0 of ``ctc_alpha_kernel``: stores its rescaled ``alpha`` row at ``p_a``;
+    returns it and its shift (float64)."""
+    ACC = tl.float64 if FP64 else tl.float32
+    NEG_INF = float("-inf")
+    has = b_T > 0
+    # Scalar conditions enter masks as vector comparisons: the interpreter turns
+    # ``vector_bool & scalar_bool`` into int32, which it then rejects as a mask.
+    m_0 = o_s < tl.where(has, K_b, 0)
+    b_e = tl.load(p_x, mask=m_0, other=NEG_INF).to(ACC)
+    if FUSED:
+        b_e = b_e - tl.load(p_lse, mask=has, other=0.0)
+    if DELAY:
+        b_e = b_e + tl.where(m_lab, (b_dp * b_half).to(ACC), 0.0)
+    b_a = tl.where(o_s < 2, b_e, NEG_INF)
+    b_max = tl.reduce(b_a, 0, _MAX)
+    shift = tl.where(b_max == NEG_INF, 0.0, b_max)
+    b_a = b_a - shift
+    tl.store(p_a, b_a, mask=m_0)
+    return b_a, shift.to(tl.float64)
+
+
+@triton.jit
+def _ctc_log_likelihood(b_a, b_off, o_s, m_s, K_b, b_T, b_L, FP64: tl.constexpr):
+    """``log p`` (accumulation dtype) from the last frame's rescaled ``alpha`` row ``b_a``
+    and the summed shifts ``b_off``."""
+    ACC = tl.float64 if FP64 else tl.float32
+    NEG_INF = float("-inf")
+    # log p = logaddexp(alpha[T_b-1, K_b-1], alpha[T_b-1, K_b-2]); lane K_b-2 is
+    # the last label (absent when L_b = 0, K_b - 2 = -1 matches no lane).
+    m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
+    b_v = tl.where(m_fin, b_a, NEG_INF)
+    b_max = tl.reduce(b_v, 0, _MAX)
+    none = b_max == NEG_INF
+    shift = tl.where(none, 0.0, b_max)
+    b_tot = tl.reduce(tl.where(m_fin, tl.exp(b_v - shift), 0.0), 0, _ADD)
+    b_ll = tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + shift)
+    b_ll = (b_ll.to(tl.float64) + b_off).to(ACC)
+    # Zero frames: only the empty target is feasible (probability 1).
+    return tl.where(b_T > 0, b_ll, tl.where(b_L == 0, 0.0, NEG_INF))
+
+
+@triton.jit
 def ctc_alpha_kernel(
     x_ptr, lse_ptr, tgt_ptr, il_ptr, tl_ptr, alpha_ptr, loss_ptr, dp_ptr,
     B, K,
@@ -111,17 +187,13 @@ def ctc_alpha_kernel(
     ``-T |log p_t|`` and its float32 ulp grows with it; rescaled, the stored values stay
     ``O(|log p_t|)``.
 
-    The shifted states ``s-1``, ``s-2`` live in other lanes (other threads): they are
-    read back from the row stored for frame ``t-1``. Race-freedom on a GPU: the row
-    ``(t, b)`` of ``alpha`` is written by this program only (one program per
-    sequence, no other program of the launch touches it), and every store of
-    frame ``t-1`` is followed by ``tl.debug_barrier()`` (``bar.sync``, which also
-    orders the CTA's global-memory accesses) before the loads of frame ``t``. With
-    ``STORE_ALL=False`` the rows alternate between two slots; the slot written at
-    frame ``t+1`` was last read at frame ``t``, before that frame's barrier.
+    Race-freedom on a GPU: the module docstring; the row ``(t, b)`` of ``alpha`` is that
+    of frame ``t``. With ``STORE_ALL=False`` the rows alternate between two slots; the
+    slot written at frame ``t+1`` was last read at frame ``t``, before that frame's barrier.
 
-    The helpers (guarded logaddexp, emission gather) are written inline: the
-    interpreter re-patches ``triton.language`` on every device-function call.
+    The frame loop (guarded logaddexp, emission gather) is written inline, helpers serve
+    the setup and the end only: the interpreter re-patches ``triton.language`` on every
+    device-function call (about as long as a whole frame's work).
 
     Updates:
         alpha (T or 2, B, K): rescaled ``log_alpha`` at row ``t`` (``t % 2``), lanes
@@ -133,41 +205,15 @@ def ctc_alpha_kernel(
     i_b = tl.program_id(0).to(tl.int64)
     b_T = tl.load(il_ptr + i_b)
     b_L = tl.load(tl_ptr + i_b)
-    K_b = 2 * b_L + 1
-    # int64 lanes: all offset arithmetic in 64 bits (no int32 overflow checks needed).
-    o_s = tl.arange(0, BLOCK_K).to(tl.int64)
-    m_s = o_s < K_b
-    m_lab = m_s & ((o_s % 2) == 1)
-    m_s1 = m_s & (o_s >= 1)
-    p_tgt = tgt_ptr + i_b * stride_tb + (o_s // 2) * stride_ts
-    b_ext = tl.load(p_tgt, mask=m_lab, other=blank)
-    b_prev = tl.load(p_tgt - stride_ts, mask=m_lab & (o_s >= 3), other=blank)
-    m_skip = m_lab & (o_s >= 3) & (b_ext != blank) & (b_ext != b_prev)
-    p_x = x_ptr + i_b * stride_xb + b_ext.to(tl.int64) * stride_xc
-    p_lse = lse_ptr + i_b
-    # 64-bit: T B K (the alpha rows) may pass 2**31 elements.
-    BK = tl.cast(B, tl.int64) * K
-    p_a = alpha_ptr + i_b * K + o_s
+    o_s, K_b, m_s, m_s1, m_lab, m_skip, p_x, p_lse, p_a, BK = _alpha_lanes(
+        x_ptr, lse_ptr, tgt_ptr, alpha_ptr, i_b, b_L, B, K, stride_xb, stride_xc, stride_tb,
+        stride_ts, blank, BLOCK_K)
     p_a1 = p_a - 1
     p_a2 = p_a - 2
-
-    has = b_T > 0
-    # Scalar conditions enter masks as vector comparisons: the interpreter turns
-    # ``vector_bool & scalar_bool`` into int32, which it then rejects as a mask.
-    m_0 = o_s < tl.where(has, K_b, 0)
-    b_e = tl.load(p_x, mask=m_0, other=NEG_INF).to(ACC)
-    if FUSED:
-        b_e = b_e - tl.load(p_lse, mask=has, other=0.0)
-    if DELAY:
-        b_dp = tl.load(dp_ptr)
-        b_half = (b_T - 1).to(tl.float64) * 0.5
-        b_e = b_e + tl.where(m_lab, (b_dp * b_half).to(ACC), 0.0)
-    b_a = tl.where(o_s < 2, b_e, NEG_INF)
-    b_max = tl.reduce(b_a, 0, _MAX)
-    shift = tl.where(b_max == NEG_INF, 0.0, b_max)
-    b_a = b_a - shift
-    b_off = shift.to(tl.float64)
-    tl.store(p_a, b_a, mask=m_0)
+    b_dp = tl.load(dp_ptr) if DELAY else 0.0
+    b_half = (b_T - 1).to(tl.float64) * 0.5 if DELAY else 0.0
+    b_a, b_off = _alpha_first_frame(p_x, p_lse, p_a, o_s, K_b, m_lab, b_T, b_dp, b_half,
+                                    FUSED, FP64, DELAY)
     tl.debug_barrier()
     for t in range(1, b_T):
         if STORE_ALL:
@@ -196,20 +242,7 @@ def ctc_alpha_kernel(
         b_off += shift.to(tl.float64)
         tl.store(p_a + off, b_a, mask=m_s)
         tl.debug_barrier()
-
-    # log p = logaddexp(alpha[T_b-1, K_b-1], alpha[T_b-1, K_b-2]); lane K_b-2 is
-    # the last label (absent when L_b = 0, K_b - 2 = -1 matches no lane).
-    m_fin = m_s & ((o_s == K_b - 1) | (o_s == K_b - 2))
-    b_v = tl.where(m_fin, b_a, NEG_INF)
-    b_max = tl.reduce(b_v, 0, _MAX)
-    none = b_max == NEG_INF
-    shift = tl.where(none, 0.0, b_max)
-    b_tot = tl.reduce(tl.where(m_fin, tl.exp(b_v - shift), 0.0), 0, _ADD)
-    b_ll = tl.where(none, NEG_INF, tl.log(tl.where(none, 1.0, b_tot)) + shift)
-    b_ll = (b_ll.to(tl.float64) + b_off).to(ACC)
-    # Zero frames: only the empty target is feasible (probability 1).
-    b_ll = tl.where(has, b_ll, tl.where(b_L == 0, 0.0, NEG_INF))
-    tl.store(loss_ptr + i_b, -b_ll)
+    tl.store(loss_ptr + i_b, -_ctc_log_likelihood(b_a, b_off, o_s, m_s, K_b, b_T, b_L, FP64))
 
 
 @triton.jit
