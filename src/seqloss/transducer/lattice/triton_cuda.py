@@ -192,6 +192,31 @@ def _beta_pass(p_ab, p_ae, bd_ptr, ed_ptr, p_b, T_b, U_b, U1, o_u,
 
 
 @triton.jit
+def _sequence_layout(ab_ptr, ae_ptr, off_ptr, soff_ptr, i_b, U_b, T, U1, o_u,
+                     s_ab_b, s_ab_t, s_ab_u, s_ae_b, s_ae_t, s_ae_u, PACKED: tl.constexpr):
+    """Sequence ``i_b``'s arcs at ``t = 0`` per lane ``u`` and its frame strides, its row
+    length and the offset of its states: ``(p_ab, p_ae, s_ab_ts, s_ae_ts, U1_s, o_seq)``.
+    Layouts as in ``transducer_alpha_beta_kernel``."""
+    o_u64 = o_u.to(tl.int64)  # for the strides: a non-contiguous arc tensor's may be large
+    if PACKED:
+        U1_s = U_b + 1  # the sequence's own row length
+        o_row = tl.load(off_ptr + i_b)
+        p_ab = ab_ptr + o_row * s_ab_b + o_u64 * s_ab_u
+        p_ae = ae_ptr + o_row * s_ae_b + o_u64 * s_ae_u
+        s_ab_ts = U1_s * s_ab_b
+        s_ae_ts = U1_s * s_ae_b
+        o_seq = tl.load(soff_ptr + i_b)
+    else:
+        U1_s = U1
+        p_ab = ab_ptr + i_b * s_ab_b + o_u64 * s_ab_u
+        p_ae = ae_ptr + i_b * s_ae_b + o_u64 * s_ae_u
+        s_ab_ts = s_ab_t
+        s_ae_ts = s_ae_t
+        o_seq = i_b * (T + 1) * U1
+    return p_ab, p_ae, s_ab_ts, s_ae_ts, U1_s, o_seq
+
+
+@triton.jit
 def transducer_alpha_beta_kernel(
     ab_ptr, ae_ptr, bd_ptr, ed_ptr, il_ptr, tl_ptr, off_ptr, soff_ptr, alpha_ptr, beta_ptr, ll_ptr,
     T, U1,
@@ -250,22 +275,9 @@ def transducer_alpha_beta_kernel(
     T_b = tl.load(il_ptr + i_b)
     U_b = tl.load(tl_ptr + i_b)
     o_u = tl.arange(0, BLOCK_U)
-    o_u64 = o_u.to(tl.int64)  # for the strides: a non-contiguous arc tensor's may be large
-    if PACKED:
-        U1_s = U_b + 1  # the sequence's own row length
-        o_row = tl.load(off_ptr + i_b)
-        p_ab = ab_ptr + o_row * s_ab_b + o_u64 * s_ab_u
-        p_ae = ae_ptr + o_row * s_ae_b + o_u64 * s_ae_u
-        s_ab_ts = U1_s * s_ab_b
-        s_ae_ts = U1_s * s_ae_b
-        o_seq = tl.load(soff_ptr + i_b)
-    else:
-        U1_s = U1
-        p_ab = ab_ptr + i_b * s_ab_b + o_u64 * s_ab_u
-        p_ae = ae_ptr + i_b * s_ae_b + o_u64 * s_ae_u
-        s_ab_ts = s_ab_t
-        s_ae_ts = s_ae_t
-        o_seq = i_b * (T + 1) * U1
+    p_ab, p_ae, s_ab_ts, s_ae_ts, U1_s, o_seq = _sequence_layout(
+        ab_ptr, ae_ptr, off_ptr, soff_ptr, i_b, U_b, T, U1, o_u,
+        s_ab_b, s_ab_t, s_ab_u, s_ae_b, s_ae_t, s_ae_u, PACKED)
     if MAXPLUS:
         _alpha_pass(p_ab, p_ae, bd_ptr, ed_ptr, alpha_ptr + o_seq, ll_ptr, i_b, T_b, U_b, U1_s,
                     o_u, s_ab_ts, s_ab_d, s_ae_ts, s_ae_u, s_ae_d, NB, NE, EMIT_CAN_END, ACC,
