@@ -1680,34 +1680,20 @@ def ctc_loss_forward(
     tl_t = _host_i64(target_lengths)
     il, tl = il_t.numpy(), tl_t.numpy()
     inline = runs_inline(il, tl)
-    toff = None
-    if inline:
-        pass  # the one Numba call checks the values and finds the offsets
-    elif validate:
-        bad, toff = _check_values(tg.numpy().reshape(R, S), concat, il, tl, T, C, int(blank))
-        if bad:
-            _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
-    elif concat:
-        toff = _offsets(tl)
+    # inline: the one Numba call checks the values and finds the offsets
+    toff = None if inline else _pool_offsets(tg, concat, R, S, il, tl, T, C, blank, validate,
+                                             (targets, input_lengths, target_lengths))
     x = log_probs.detach()
     if x.dtype != work:
         x = x.to(work)  # half inputs: numba has no bfloat16; keeps the strides
     xv, tb_layout = _as_layout(x)
-    grad = None
-    gp = 0
-    if compute_grad:
-        shape = (T, B, C) if tb_layout else (B, T, C)
-        if T * B * C * work.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
-            gbuf = buffers.empty(shape, work)
-        else:
-            gbuf = torch.empty(shape, dtype=work)
-        gp = gbuf.data_ptr()
-        grad = gbuf if tb_layout else gbuf.transpose(0, 1)
+    gbuf = _grad_buffer((T, B, C) if tb_layout else (B, T, C), work) if compute_grad else None
+    gp = 0 if gbuf is None else gbuf.data_ptr()
+    grad = None if gbuf is None else (gbuf if tb_layout else gbuf.transpose(0, 1))
     # float32 losses are stored straight from the float64 accumulators (one rounding)
     loss = torch.empty(B, dtype=work)
     # the pool's jobs leave a sequence PENDING for _ctc_fallback in it
-    status = (torch.empty(B, dtype=torch.int64) if _status is not None or not inline
-              else None)
+    status = torch.empty(B, dtype=torch.int64) if _status is not None or not inline else None
     red = _REDUCTIONS[reduction]
     out = torch.empty((), dtype=work)
     toff_t = torch.from_numpy(toff) if toff is not None and concat else None
@@ -1715,9 +1701,8 @@ def ctc_loss_forward(
     args = (kind, xv.data_ptr(), tb_layout, T, B, C, tg.data_ptr(), R, S, concat,
             0 if toff_t is None else toff_t.data_ptr(), il_t.data_ptr(), tl_t.data_ptr(),
             int(blank), bool(fused_log_softmax), float(delay_penalty), bool(compute_grad), gp,
-            loss.data_ptr(),
-            0 if status is None else status.data_ptr(), _MODES[_path], int(_SEGMENT_OVERRIDE),
-            red, bool(zero_infinity), out.data_ptr(), bool(validate))
+            loss.data_ptr(), 0 if status is None else status.data_ptr(), _MODES[_path],
+            int(_SEGMENT_OVERRIDE), red, bool(zero_infinity), out.data_ptr(), bool(validate))
     if inline:
         bad = _ctc_chunk(*args, 0, 0)
         if bad > 0:
@@ -1725,27 +1710,50 @@ def ctc_loss_forward(
         if bad < 0:
             _ctc_fallback(*args)
     else:
-        _run_batch(args, B, il)
-        if (status.numpy() == PENDING).any():
-            _ctc_fallback(*args)
-        elif zero_infinity or red != RED_NONE:
-            gv = gbuf.numpy() if compute_grad else np.empty((0, 0, 0), _ZERO[work].dtype)
-            _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
-                    tb_layout)
+        _run_pool(args, B, il, status, loss, out, gbuf, tl, red, zero_infinity, tb_layout)
     loss = loss if red == RED_NONE else out
     if _status is not None:
-        names = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible", EXTENDED: "extended",
-                 POISONED: "nonfinite"}
-        _status.extend(names[int(s)] for s in status)
+        _status.extend(_PATH_NAMES[int(s)] for s in status)
     if grad is None:
         return loss, log_probs.new_empty(0)
-    if grad.dtype != in_dtype:
-        grad = grad.to(in_dtype)
-    return loss, grad
+    return loss, (grad if grad.dtype == in_dtype else grad.to(in_dtype))
 
 
 _MODES = {"auto": 0, "extended": 1, "logspace": 2}
 _REDUCTIONS = reduce.CODES
+_PATH_NAMES = {FAST: "fast", FALLBACK: "logspace", INFEASIBLE: "infeasible",
+               EXTENDED: "extended", POISONED: "nonfinite"}
+
+
+def _run_pool(args, B, il, status, loss, out, gbuf, tl, red, zero_infinity, tb_layout):
+    """The batch on the pool (``_run_batch``), then the sequences it left ``PENDING`` and
+    the reduction (``_ctc_fallback``), or else the reduction here (``_finish``)."""
+    _run_batch(args, B, il)
+    if (status.numpy() == PENDING).any():
+        _ctc_fallback(*args)
+    elif zero_infinity or red != RED_NONE:
+        gv = gbuf.numpy() if gbuf is not None else np.empty((0, 0, 0), loss.numpy().dtype)
+        _finish(loss.numpy(), tl, red, bool(zero_infinity), out.numpy().reshape(1), gv,
+                tb_layout)
+
+
+def _pool_offsets(tg, concat, R, S, il, tl, T, C, blank, validate, given):
+    """For a batch the pool runs: the values checked when ``validate`` (the general path's
+    errors, naming the ``given`` targets and lengths, before anything is computed) and the
+    concatenated targets' offsets (``None`` for padded ones)."""
+    if validate:
+        bad, toff = _check_values(tg.numpy().reshape(R, S), concat, il, tl, T, C, int(blank))
+        if bad:
+            _raise_bad(*given, T, C, blank)
+        return toff
+    return _offsets(tl) if concat else None
+
+
+def _grad_buffer(shape, dtype):
+    """The gradient's buffer: reused memory for long utterances, else a fresh tensor."""
+    if math.prod(shape) * dtype.itemsize >= buffers.MIN_BYTES:
+        return buffers.empty(shape, dtype)
+    return torch.empty(shape, dtype=dtype)
 
 
 def _fast_one_sig(dt):
