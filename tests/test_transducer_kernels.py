@@ -656,6 +656,60 @@ def _loss_grad(x, *args, **kw):
     return loss.detach(), g
 
 
+@njit(cache=False)
+def _grad_row_call(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp, gscale,
+                   tiny):
+    numba_rows.grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
+                        gscale, tiny)
+
+
+@numba_only
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("scaled, desc", [(True, False), (True, True), (False, False)])
+@pytest.mark.parametrize("clamp, gscale", [(0.0, 1.0), (0.05, 0.25)])
+@pytest.mark.parametrize("hb, y", [(-1, 3), (5, 3), (-1, -1)])
+def test_grad_row_against_the_formula(dtype, scaled, desc, clamp, gscale, hb, y):
+    """The Numba joint's one row epilogue (row passes, HAT, the many-arc tables) against
+    its formula in float64 numpy: ``clamp(row w - occupations at their classes - oy at y,
+    HAT's blank set) * gscale``, products and differences under ``tiny`` written as 0 (the
+    row passes' subnormal flush; the descending pass scales only); the rest of the
+    buffer untouched."""
+    rng = np.random.default_rng(7)
+    V, o = 11, 6
+    buf = rng.uniform(0.0, 1.0, 2 * o + V).astype(dtype)
+    buf[o + 2] = 1e-30  # times w: below float32's smallest normal
+    before = buf.copy()
+    w = dtype(0.37e-8 if dtype == np.float32 else 0.37)
+    cls = np.array([1, 7, 1], np.int64)  # a class twice: both occupations subtracted
+    occ = np.array([9.0, 0.1, 0.2, 0.05, 9.0])
+    tiny = float(np.finfo(dtype).tiny)
+    _grad_row_call(buf, o, V, scaled, w, desc, cls, occ, 1, 3, y, 0.125, hb, -0.5, clamp,
+                   gscale, tiny)
+
+    def flush(v):
+        return 0.0 if abs(v) < tiny else v
+
+    row = before[o:o + V].astype(np.float64)
+    if not scaled:
+        want = np.zeros(V)
+    else:
+        want = np.array([(r * float(w)) if desc else flush(float(dtype(r * w))) for r in row])
+    for k in range(3):
+        want[cls[k]] = flush(float(dtype(want[cls[k]])) - occ[1 + k])
+    if hb >= 0:
+        want[hb] = flush(-0.5)
+    if y >= 0:
+        want[y] = flush(float(dtype(want[y])) - 0.125)
+    if clamp > 0:
+        want = np.clip(want.astype(dtype), -dtype(clamp), dtype(clamp)).astype(np.float64)
+    want = (want.astype(dtype) * dtype(gscale)).astype(np.float64)
+    got = buf[o:o + V].astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
+    assert np.array_equal(buf[:o], before[:o]) and np.array_equal(buf[o + V:], before[o + V:])
+    if scaled and not desc:
+        assert got[2] == 0.0 if dtype == np.float32 else got[2] != 0.0  # the flush
+
+
 @numba_only
 def test_rows_of_neg_inf_have_no_arc_out():
     x, tg, il, tl = _rows_batch(2, 6, 3, 9, seed=1, dtype=torch.float64)
