@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ctc.reference import extended_emissions
+
 NEG_INF = float("-inf")
 
 
@@ -61,29 +63,10 @@ def ctc_align_forward(
         return labels, scores
     L = target_lengths.to(device)
     Tb = input_lengths.to(device)
-    ext, e, skip = _extended_emissions(log_probs, targets, L, blank, acc)
+    ext, e, skip = extended_emissions(log_probs, targets, L, Tb, blank, 0.0)
+    e = e.to(acc)
     delta, bp = _viterbi(e, skip, Tb)
     return _backtrack(delta, bp, ext, e, L, Tb, labels, scores, blank)
-
-
-def _extended_emissions(log_probs: torch.Tensor, targets: torch.Tensor, L: torch.Tensor,
-                        blank: int, acc: torch.dtype
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``ext (B, K)`` extended labels, ``e (T, B, K)`` their log-probs in ``acc``
-    (``-inf`` past ``2L_b + 1``) and ``skip (B, K)``: state ``s`` may be entered from ``s-2``."""
-    T, B = log_probs.shape[:2]
-    device = log_probs.device
-    K = 2 * targets.shape[1] + 1
-    ext = torch.full((B, K), blank, dtype=torch.int64, device=device)
-    ext[:, 1::2] = targets
-    s_idx = torch.arange(K, device=device)
-    state_ok = s_idx[None, :] < (2 * L + 1)[:, None]
-    e = log_probs.gather(2, ext[None].expand(T, B, K)).to(acc)
-    e = torch.where(state_ok[None], e, torch.full_like(e, NEG_INF))
-    skip = torch.zeros(B, K, dtype=torch.bool, device=device)
-    if K > 2:
-        skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
-    return ext, e, skip
 
 
 def _viterbi(e: torch.Tensor, skip: torch.Tensor, Tb: torch.Tensor

@@ -25,10 +25,12 @@ def _shift_left(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.cat([x[..., k:], pad], dim=-1) if x.shape[-1] > k else torch.full_like(x, NEG_INF)
 
 
-def _emissions(lp: torch.Tensor, targets: torch.Tensor, L: torch.Tensor, Tb: torch.Tensor,
-               blank: int, delay_penalty: float) -> tuple[torch.Tensor, ...]:
+def extended_emissions(lp: torch.Tensor, targets: torch.Tensor, L: torch.Tensor,
+                       Tb: torch.Tensor, blank: int, delay_penalty: float
+                       ) -> tuple[torch.Tensor, ...]:
     """``ext (B, K)`` the extended labels, ``e (T, B, K)`` their log-probs (``-inf`` past
-    ``2 L_b + 1``) and ``skip (B, K)`` (``s - 2 -> s`` allowed)."""
+    ``2 L_b + 1``) and ``skip (B, K)`` (``s - 2 -> s`` allowed); also ``ctc_align``'s
+    reference's."""
     T, B, _ = lp.shape
     device = lp.device
     K = 2 * targets.shape[1] + 1
@@ -145,7 +147,7 @@ def ctc_loss_forward(
     lp = torch.log_softmax(x, dim=-1) if fused_log_softmax else x
     L = target_lengths.to(device)
     Tb = input_lengths.to(device)
-    ext, e, skip = _emissions(lp, targets, L, Tb, blank, delay_penalty)
+    ext, e, skip = extended_emissions(lp, targets, L, Tb, blank, delay_penalty)
     alphas = _alphas(e, skip, Tb)
     bidx = torch.arange(B, device=device)
     if T > 0:
