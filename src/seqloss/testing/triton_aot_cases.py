@@ -237,7 +237,10 @@ class _Joint(nn.Module):
         return self.out(torch.tanh(self.enc(e)[:, :, None] + self.pred(p)[:, None]))
 
 
-def _from_joint(B, T, U, V, dt, tag, *, kind) -> Case:
+def _from_joint(B, T, U, V, dt, tag, *, kind, clamp=-1.0, omega=0.0) -> Case:
+    """A loss from the joint: its backward's tile epilogue (``joint_tile_grad_kernel``)
+    specializes on the table (blank classes, durations, HAT) and on ``clamp`` (with
+    TDT's ``omega``: one part per clamped branch)."""
     durs = [0, 1, 2]
 
     def run() -> None:
@@ -245,17 +248,21 @@ def _from_joint(B, T, U, V, dt, tag, *, kind) -> Case:
         joint = _Joint(5, 4, 8, W, dt)
         enc, pred = _x((B, T, 5), dt), _x((B, U + 1, 4), dt, seed=1)
         args = (enc, pred, joint, _labels(B, U, V - 3, low=0), _lengths(B, T), _lengths(B, U))
+        kw = dict(clamp=clamp, reduction="sum", **TRITON)
         if kind == "rnnt":
-            loss = seqloss.rnnt_loss_from_joint(*args, reduction="sum", **TRITON)
+            loss = seqloss.rnnt_loss_from_joint(*args, **kw)
         elif kind == "multiblank":
-            loss = seqloss.multiblank_rnnt_loss_from_joint(*args, [2], reduction="sum", **TRITON)
+            loss = seqloss.multiblank_rnnt_loss_from_joint(*args, [2], **kw)
+        elif kind == "hat":
+            loss = seqloss.hat_loss_from_joint(*args, **kw)
         else:
-            loss = seqloss.tdt_loss_from_joint(*args, durs, reduction="sum", **TRITON)
+            loss = seqloss.tdt_loss_from_joint(*args, durs, omega=omega, **kw)
         _backward(loss)
 
     fn = {"rnnt": "rnnt_loss_from_joint", "multiblank": "multiblank_rnnt_loss_from_joint",
-          "tdt": "tdt_loss_from_joint"}[kind]
-    return Case(f"{fn}[{_SHORT[dt]},{tag}]", fn, run)
+          "tdt": "tdt_loss_from_joint", "hat": "hat_loss_from_joint"}[kind]
+    v = ",".join(n for n, on in (("clamp", clamp > 0), ("omega", omega > 0)) if on)
+    return Case(f"{fn}[{v + ',' if v else ''}{_SHORT[dt]},{tag}]", fn, run)
 
 
 # --------------------------------------------------------------------------- huge: meta launchers
@@ -368,8 +375,10 @@ def small_cases() -> list[Case]:
             out.append(_factored(3, 6, 3, 7, dt, tag, kind="simple", rnnt_type=rt))
         out += [_factored(3, 6, 3, 7, dt, tag, kind="smoothed"),
                 _factored(3, 6, 3, 7, dt, tag, kind="pruned")]
-        for kind in ("rnnt", "multiblank", "tdt"):
+        for kind in ("rnnt", "multiblank", "tdt", "hat"):
             out.append(_from_joint(3, 6, 3, 7, dt, tag, kind=kind))
+        out += [_from_joint(3, 6, 3, 7, dt, tag, kind="rnnt", clamp=0.5),
+                _from_joint(3, 6, 3, 7, dt, tag, kind="tdt", clamp=0.5, omega=0.3)]
     # A batch of one: B = 1 is a constexpr argument, its own specialization.
     out += [_ctc(12, 1, 7, 4, torch.float32, True, True, "B=1"),
             _rnnt(1, 6, 3, 7, torch.float32, "B=1"), _lattice(1, 6, 3, torch.float32, "B=1")]

@@ -604,3 +604,140 @@ class RowPasses:
                              own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
                              float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
                  range(len(cost)), order=cost)
+
+
+# --------------------------------------------------------------------------- tiles
+# The epilogue alone, on a tile of rows whose occupations are known (the losses from the
+# joint recompute each tile's logits in their backward): ``joint_tile_grad``, the
+# reference's ``joint_tile_grad`` through ``grad_row``. No "reassoc" here: the split
+# normalizer ``(x - hi) - lo`` must not be regrouped as ``x - (hi + lo)`` (and these rows
+# sum nothing).
+_FM_TILE = {"contract", "nsz", "arcp"}
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _exp_row(x, xo, same, g, go, n, lz):
+    """``g[go : go + n] = exp(x[xo : xo + n] - lz)``, ``lz`` float64 split into its rounding
+    to ``g``'s dtype and the rest, subtracted in turn (exact where ``x`` is near ``lz``,
+    where ``exp`` is large; rounded once, ``lz`` put 3e-7 to 7e-7 of relative error in
+    the gradient of logits of scale 10 to 30); ``lz = -inf`` (no finite logit) gives 0.
+    ``same``: ``x`` is ``g``'s buffer, read through ``g`` (see ``_prologue_job``)."""
+    z = lz if lz > -np.inf else np.inf
+    hi = g.dtype.type(z)
+    lo = g.dtype.type(z - np.float64(hi)) if abs(hi) < np.inf else g.dtype.type(0.0)
+    u0 = np.uint64(go)
+    if same:
+        for v in range(n):
+            k = u0 + np.uint64(v)
+            g[k] = _exp((g[k] - hi) - lo)
+    else:
+        ux = np.uint64(xo)
+        for v in range(n):
+            g[u0 + np.uint64(v)] = _exp((x[ux + np.uint64(v)] - hi) - lo)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _tile_part(buf, o, V, D, occf, oc, cls, dcls, y, hb, sig, clamp, gscale, tiny):
+    """One part of a row's gradient over its probabilities in ``buf[o : o + V + D]``
+    (weights and occupations at ``occf[oc:]``, see ``joint_tile_grad``). The factor
+    ``gscale`` here, not in ``grad_row``: its products are flushed too (a clamped value
+    times a reduction's ``1 / B`` can be subnormal, which the joint's backward matmul
+    reads many times slower)."""
+    w, wd, oe = occf[oc], occf[oc + 1], occf[oc + 2]
+    if hb >= 0:  # HAT: the labels weigh the emission; the blank's sigmoid every arc
+        grad_row(buf, o, V, True, buf.dtype.type(oe), False, cls, occf, oc + 3, 0, y, oe, hb,
+                 sig * w - occf[oc + 3], clamp, 1.0, tiny)
+    else:
+        grad_row(buf, o, V, True, buf.dtype.type(w), False, cls, occf, oc + 3, cls.shape[0], y,
+                 oe, -1, 0.0, clamp, 1.0, tiny)
+    if D:
+        grad_row(buf, o + V, D, True, buf.dtype.type(wd), False, dcls, occf,
+                 oc + 3 + cls.shape[0], D, -1, 0.0, -1, 0.0, clamp, 1.0, tiny)
+    if gscale != 1.0:
+        sc = buf.dtype.type(gscale)
+        u0 = np.uint64(o)
+        for v in range(V + D):
+            k = u0 + np.uint64(v)
+            p = buf[k] * sc
+            buf[k] = 0.0 if abs(p) < tiny else p
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM_TILE)
+def _tile_job(x, xs, same, g, gs, NT, NU, V, D, lz, lzd, occ, cls, dcls, tg, hb, clamp, gscale,
+              step, job):
+    """Frames ``[job step, (job + 1) step)`` of the tile (frame ``f = b NT + t``, its rows
+    ``r = f NU + u`` at ``x[b xs[0] + t xs[1] + u xs[2]]``; ``g``: ``gs``):
+    ``joint_tile_grad``'s gradient, in place over each row's probabilities. One part:
+    ``grad_row`` on the row; several (clamped branches): each on a copy, summed."""
+    R = lz.shape[0]
+    K = clamp.shape[0]
+    C = occ.shape[1]
+    W = V + D
+    occf = occ.reshape(-1)
+    tiny = np.finfo(g.dtype).tiny
+    tmp = np.empty(W if K > 1 else 0, g.dtype)
+    acc = np.empty(W if K > 1 else 0, np.float64)
+    for f in range(job * step, min(R // NU, (job + 1) * step)):
+        b = f // NT
+        t = f - b * NT
+        for u in range(NU):
+            r = f * NU + u
+            xo = b * xs[0] + t * xs[1] + u * xs[2]
+            go = b * gs[0] + t * gs[1] + u * gs[2]
+            sig = 0.0
+            if hb >= 0:  # read before the row is overwritten
+                zb = np.float64(g[go + hb] if same else x[xo + hb])
+                sig = 1.0 / (1.0 + math.exp(-zb))
+            _exp_row(x, xo, same, g, go, V, lz[r])
+            if D:
+                _exp_row(x, xo + V, same, g, go + V, D, lzd[r])
+            y = tg[b, u]
+            if K == 1:
+                _tile_part(g, go, V, D, occf, r * C, cls, dcls, y, hb, sig, clamp[0],
+                           gscale[0, b], tiny)
+                continue
+            for v in range(W):
+                acc[v] = 0.0
+            for k in range(K):
+                for v in range(W):
+                    tmp[v] = g[go + v]
+                _tile_part(tmp, 0, V, D, occf, (k * R + r) * C, cls, dcls, y, hb, sig, clamp[k],
+                           gscale[k, b], tiny)
+                for v in range(W):
+                    acc[v] += tmp[v]
+            for v in range(W):
+                a = g.dtype.type(acc[v])
+                g[go + v] = 0.0 if abs(a) < tiny else a
+
+
+def joint_tile_grad(x: torch.Tensor, lz: torch.Tensor, lzd: torch.Tensor | None,
+                    occ: torch.Tensor, cls: tuple[int, ...], targets: torch.Tensor,
+                    hat_blank: int, clamp: tuple[float, ...], gscale: torch.Tensor,
+                    out: torch.Tensor) -> torch.Tensor:
+    """See ``seqloss.transducer.joint.reference.joint_tile_grad``: every row through
+    ``grad_row`` (the token block, and the duration block as a softmax of its own), one
+    job per block of rows on the shared pool, ``out`` may be ``x``."""
+    nb, NT, NU, W = x.shape
+    K = occ.shape[0]
+    D = occ.shape[-1] - 3 - len(cls)
+    V = W - D
+    R = nb * NT * NU
+    if R == 0:
+        return out
+    i64, f64 = np.int64, np.float64
+    same = (out.data_ptr() == x.data_ptr() and out.stride() == x.stride())
+    lzn = lz.to(torch.float64).contiguous().view(-1).numpy()
+    lzdn = lzn if lzd is None else lzd.to(torch.float64).contiguous().view(-1).numpy()
+    occn = occ.to(torch.float64).contiguous().view(K * R, -1).numpy()
+    tgn = targets.to(torch.int64).contiguous().numpy()
+    per = max(1, min(1 << 20, R * W // (8 * max(1, torch.get_num_threads()))))
+    step = max(1, per // max(NU * W, 1))  # frames a job
+    xa = _flat(x)
+    ga = xa if same else _flat(out)
+    run_jobs(_tile_job, (xa, own_lines(np.asarray(x.stride()[:3], i64)), same, ga,
+                         own_lines(np.asarray(out.stride()[:3], i64)), NT, NU, V, D, lzn, lzdn,
+                         occn, own_lines(np.asarray(cls, i64)), own_lines(np.arange(D, dtype=i64)),
+                         tgn, int(hat_blank), own_lines(np.asarray(clamp, f64)),
+                         gscale.to(torch.float64).contiguous().numpy(), step),
+             range((nb * NT + step - 1) // step))
+    return out

@@ -9,8 +9,12 @@ Kernel interface shared with ``numba_cpu.py`` and ``triton_cuda.py``::
                             target_lengths, table, fused_log_softmax, compute_grad,
                             grad_scale=1.0)
         -> (loss (B,), grad like token_logits | empty, grad like duration_logits | empty)
+    joint_tile_grad(x, lz, lzd, occ, cls, targets, hat_blank, clamp, gscale, out) -> out
 
-See ``table.py`` for the math. The reference materializes log-softmaxes in float64
+``joint_tile_grad`` is the epilogue alone, on a tile of rows whose occupations are known
+(the losses from the joint, ``from_joint.py``, call it per tile in their backward; the
+Numba backend's is ``numba_rows.joint_tile_grad``, beside its row passes). See
+``table.py`` for the math. The reference materializes log-softmaxes in float64
 on a padded copy: the memory rules bind the fast backends, not the oracle.
 """
 
@@ -242,3 +246,79 @@ def joint_loss_forward_pair(
         return loss, token_logits.new_empty(0), duration_logits.new_empty(0)
     return (loss, grad[..., :V].to(token_logits.dtype).contiguous(),
             grad[..., V:].to(duration_logits.dtype).contiguous())
+
+
+def joint_tile_grad(
+    x: torch.Tensor,
+    lz: torch.Tensor,
+    lzd: torch.Tensor | None,
+    occ: torch.Tensor,
+    cls: tuple[int, ...],
+    targets: torch.Tensor,
+    hat_blank: int,
+    clamp: tuple[float, ...],
+    gscale: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """The joint epilogue on a tile of rows whose arcs' occupations are given.
+
+    Args:
+        x: ``(nb, nt, nu, V + D)`` logits, float32 or float64 (the gradient's dtype).
+        lz: ``(nb, nt, nu)`` float64 log-normalizer of each row's token block (HAT: of
+            its labels); ``-inf``, a row without a finite logit, gives probabilities 0.
+        lzd: ``(nb, nt, nu)`` float64 log-normalizer of the duration block, or None
+            (``D = 0``).
+        occ: ``(K, nb, nt, nu, 3 + len(cls) + D)`` float64, per part of the gradient and
+            row: the token block's weight ``w`` (every arc leaving the row), the
+            duration block's ``wd``, the emission's occupation ``oe`` (at
+            ``targets[b, u]``), each blank-like class's ``ob_i`` (at ``cls[i]``), each
+            duration logit's ``od_k``.
+        cls: the blank-like classes (HAT: its blank alone).
+        targets: ``(nb, nu)`` int64, each row's emission class.
+        hat_blank: HAT's blank class (``"hat"`` normalizer), or -1.
+        clamp: ``K`` clamps (``<= 0``: none).
+        gscale: ``(K, nb)`` float64, each part's factor per sequence.
+        out: like ``x``, written; may be ``x`` itself.
+
+    Returns:
+        ``out = sum_k clamp_k(g_k) gscale[k, b]``, entries below the smallest normal
+        number in magnitude flushed to 0, where per part (``p = exp(x - lz)``)::
+
+            g[c]     = p[c] w - sum_i ob_i [c = cls_i] - oe [c = y]          (c < V)
+            g[V + k] = exp(x[V + k] - lzd) wd - od_k                         (k < D)
+
+        (HAT: ``g[c] = p[c] oe - oe [c = y]`` on the labels, ``g[blank] =
+        sigmoid(x[blank]) w - ob_0``). Here in float64 on float64 copies of the tile.
+    """
+    f64 = torch.float64
+    V = x.shape[-1] - (occ.shape[-1] - 3 - len(cls))
+    xf = x.to(f64)
+    idx = targets[:, None, :, None].expand(*x.shape[:3], 1)
+
+    def probs(xb: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        # log Z = -inf: no class with a finite logit, taken as +inf (exp gives 0)
+        return torch.exp(xb - z.masked_fill(z == NEG_INF, float("inf"))[..., None])
+
+    p = probs(xf[..., :V], lz)
+    pd = probs(xf[..., V:], lzd) if lzd is not None else None
+    sig = torch.sigmoid(xf[..., hat_blank]) if hat_blank >= 0 else None
+    g = torch.zeros_like(xf)
+    for k in range(occ.shape[0]):
+        o = occ[k].to(f64)
+        w, wd, oe = o[..., 0], o[..., 1], o[..., 2]
+        gk = torch.zeros_like(xf)
+        if sig is None:
+            gk[..., :V] = p * w[..., None]
+        else:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
+            gk[..., :V] = p * oe[..., None]
+            gk[..., hat_blank] = sig * w
+        for i, c in enumerate(cls):
+            gk[..., c] -= o[..., 3 + i]
+        gk[..., :V].scatter_add_(-1, idx, -oe[..., None])
+        if pd is not None:
+            gk[..., V:] = pd * wd[..., None] - o[..., 3 + len(cls):]
+        if clamp[k] > 0:
+            gk = gk.clamp(-clamp[k], clamp[k])
+        g += gk * gscale[k].to(f64)[:, None, None, None]
+    g = torch.nn.functional.hardshrink(g, torch.finfo(out.dtype).tiny)
+    return out.copy_(g)

@@ -37,6 +37,11 @@ interpreter, which runs programs one after another, could not reveal one):
    in-place mode). Nothing is accumulated across programs (no atomics): the result
    is deterministic.
 
+The losses from the joint (``from_joint.py``) take the epilogue alone, per tile of
+recomputed logits whose occupations are known: ``joint_tile_grad_kernel``, one program
+per block of the tile's rows, each writing only its own rows (barriers between its
+loads and its stores, so over the logits too).
+
 No logits-sized temporary: the log-softmax is never materialized (the normalizers
 are ``(B, T, U+1)``, packed ``(N,)``), and the gradient is the only logits-sized output (none with
 ``grad_buffer=logits``).
@@ -543,6 +548,136 @@ def joint_grad_kernel(
                         m_occ, m_nan, FUSED, HAS_CLAMP, FP64, BF16_OUT, BLOCK_R, BLOCK_D)
 
 
+@triton.jit
+def _tile_probs(b_x, b_lz, ACC: tl.constexpr):
+    """``exp(x - lz)`` of a block, ``lz`` (float64, per row) split into its rounding to
+    ``ACC`` and the rest, subtracted in turn (exact where ``x`` is near ``lz``, where
+    ``exp`` is large); ``lz = -inf`` (no finite logit) gives 0."""
+    b_z = tl.where(b_lz == float("-inf"), float("inf"), b_lz)
+    b_hi = b_z.to(ACC)
+    b_lo = tl.where(tl.abs(b_hi) < float("inf"), b_z - b_hi.to(b_z.dtype), 0.0).to(ACC)
+    return tl.exp((b_x - b_hi[:, None]) - b_lo[:, None])
+
+
+@triton.jit
+def _clamp_part(b_g, cl):
+    """``b_g`` clamped to ``[-cl, cl]``; ``cl <= 0``: as it is (a part without a clamp)."""
+    return tl.where(cl > 0, tl.minimum(tl.maximum(b_g, -cl), cl), b_g)
+
+
+@triton.jit
+def _tile_token_part(b_p, p_k, o_v, cls_ptr, b_y, b_sig, m_r, NC: tl.constexpr,
+                     HAT: tl.constexpr, ACC: tl.constexpr):
+    """One part's token gradient of a ``[BLOCK_R, BLOCK_V]`` block before its clamp, from
+    the probabilities ``b_p`` and the part's row weights at ``p_k`` (float64)."""
+    b_w = tl.load(p_k, mask=m_r, other=0.0)
+    b_oe = tl.load(p_k + 2, mask=m_r, other=0.0)
+    if HAT:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
+        b_gk = b_p * b_oe.to(ACC)[:, None]
+        b_gb = b_sig * b_w - tl.load(p_k + 3, mask=m_r, other=0.0)
+        b_gk = tl.where(o_v[None, :] == tl.load(cls_ptr), b_gb.to(ACC)[:, None], b_gk)
+    else:
+        b_gk = b_p * b_w.to(ACC)[:, None]
+        for i in tl.static_range(NC):
+            b_ob = tl.load(p_k + 3 + i, mask=m_r, other=0.0)
+            b_gk = b_gk - tl.where(o_v[None, :] == tl.load(cls_ptr + i), b_ob.to(ACC)[:, None],
+                                   0.0)
+    return b_gk - tl.where(o_v[None, :] == b_y[:, None], b_oe.to(ACC)[:, None], 0.0)
+
+
+@triton.jit
+def _tile_dur_grad(p_x, p_g, p_o, lzd_ptr, par_ptr, i_r, i_b, m_r, NR, NBS, V, D, C,
+                   K: tl.constexpr, NC: tl.constexpr, HAS_CLAMP: tl.constexpr,
+                   ACC: tl.constexpr, TINY: tl.constexpr, BLOCK_R: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """The duration block of ``joint_tile_grad_kernel``'s rows, in float64: loaded whole,
+    a barrier, stored."""
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = m_r[:, None] & (o_d < D)[None, :]
+    b_xd = tl.load(p_x[:, None] + V + o_d[None, :], mask=m_d, other=float("-inf"))
+    tl.debug_barrier()
+    b_pd = _tile_probs(b_xd.to(tl.float64), tl.load(lzd_ptr + i_r, mask=m_r, other=0.0),
+                       tl.float64)
+    b_gd = tl.zeros([BLOCK_R, BLOCK_D], tl.float64)
+    for k in tl.static_range(K):
+        p_k = p_o + k * (tl.cast(NR, tl.int64) * C)
+        b_wd = tl.load(p_k + 1, mask=m_r, other=0.0)
+        b_od = tl.load(p_k[:, None] + 3 + NC + o_d[None, :], mask=m_d, other=0.0)
+        b_gk = b_pd * b_wd[:, None] - b_od
+        if HAS_CLAMP:
+            b_gk = _clamp_part(b_gk, tl.load(par_ptr + k))
+        b_gd = b_gd + b_gk * tl.load(par_ptr + K + k * NBS + i_b, mask=m_r, other=0.0)[:, None]
+    b_gd = b_gd.to(ACC)
+    b_gd = tl.where(tl.abs(b_gd) < TINY, 0.0, b_gd)
+    tl.store(p_g[:, None] + V + o_d[None, :], b_gd, mask=m_d)
+
+
+@triton.jit
+def joint_tile_grad_kernel(
+    x_ptr, g_ptr, lz_ptr, lzd_ptr, occ_ptr, cls_ptr, tg_ptr, par_ptr, NR, NT, NU, NBS, V, D, C,
+    sx_b, sx_t, sx_u, sg_b, sg_t, sg_u, s_tg_b,
+    K: tl.constexpr, NC: tl.constexpr, HAS_DUR: tl.constexpr, HAT: tl.constexpr,
+    HAS_CLAMP: tl.constexpr, FP64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    r"""``joint_tile_grad`` (``reference.py``) on a block of ``BLOCK_R`` rows of a tile,
+    ``r = (b NT + t) NU + u``, the arcs' occupations given.
+
+    Per part ``k < K`` (clamped branches; one without a clamp) and row, from
+    ``occ[k, r] = (w, wd, oe, ob_0 .. ob_{NC-1}, od_0 .. od_{D-1})`` (float64)::
+
+        g[c]     = exp(x[c] - lz) w - sum_i ob_i [c = cls_i] - oe [c = y]      (c < V)
+        g[V + j] = exp(x[V + j] - lzd) wd - od_j                               (j < D)
+
+    (``HAT``: ``g[c] = exp(x[c] - lz) oe - oe [c = y]`` on the labels, ``g[blank] =
+    sigmoid(x[blank]) w - ob_0``), clamped to ``par[k]`` (``HAS_CLAMP``), times the
+    sequence's ``par[K + k NBS + b]``, summed over parts; magnitudes below the smallest
+    normal number flushed to 0.
+
+    Only this program touches its rows, and within a block every load comes before a
+    barrier and every store after it (a small block may be replicated across warps), so
+    ``g`` may alias ``x``. No atomics: deterministic.
+
+    Updates:
+        g: the tile's rows.
+    """
+    ACC = tl.float64 if FP64 else tl.float32
+    TINY = 2.2250738585072014e-308 if FP64 else 1.1754943508222875e-38
+    i_r = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    m_r = i_r < NR
+    i_b = i_r // (tl.cast(NT, tl.int64) * NU)
+    i_t = (i_r // NU) % NT
+    i_u = i_r % NU
+    p_x = _row_ptr(x_ptr, i_r, i_b, i_t, i_u, sx_b, sx_t, sx_u, False)
+    p_g = _row_ptr(g_ptr, i_r, i_b, i_t, i_u, sg_b, sg_t, sg_u, False)
+    p_o = occ_ptr + i_r * C  # part k's at + k NR C
+    b_lz = tl.load(lz_ptr + i_r, mask=m_r, other=0.0)
+    b_y = tl.load(tg_ptr + i_b * s_tg_b + i_u, mask=m_r, other=-1)
+    b_sig = tl.zeros([BLOCK_R], tl.float64)
+    if HAT:
+        b_zb = tl.load(p_x + tl.load(cls_ptr), mask=m_r, other=0.0).to(tl.float64)
+        b_sig = 1.0 / (1.0 + tl.exp(-b_zb))
+    for v0 in range(0, V, BLOCK_V):
+        o_v = v0 + tl.arange(0, BLOCK_V)
+        m_x = m_r[:, None] & (o_v < V)[None, :]
+        b_x = tl.load(p_x[:, None] + o_v[None, :], mask=m_x, other=float("-inf")).to(ACC)
+        tl.debug_barrier()
+        b_p = _tile_probs(b_x, b_lz, ACC)
+        b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
+        for k in tl.static_range(K):
+            p_k = p_o + k * (tl.cast(NR, tl.int64) * C)
+            b_gk = _tile_token_part(b_p, p_k, o_v, cls_ptr, b_y, b_sig, m_r, NC, HAT, ACC)
+            if HAS_CLAMP:
+                b_gk = _clamp_part(b_gk, tl.load(par_ptr + k).to(ACC))
+            b_sc = tl.load(par_ptr + K + k * NBS + i_b, mask=m_r, other=0.0)
+            b_g = b_g + b_gk * b_sc.to(ACC)[:, None]
+        b_g = tl.where(tl.abs(b_g) < TINY, 0.0, b_g)
+        tl.store(p_g[:, None] + o_v[None, :], b_g, mask=m_x)
+    if HAS_DUR:
+        _tile_dur_grad(p_x, p_g, p_o, lzd_ptr, par_ptr, i_r, i_b, m_r, NR, NBS, V, D, C, K, NC,
+                       HAS_CLAMP, ACC, TINY, BLOCK_R, BLOCK_D)
+
+
 # --------------------------------------------------------------------------- launcher
 _TABLES: dict[tuple, torch.Tensor] = {}
 
@@ -803,3 +938,59 @@ def _forward(
             BF16_OUT=grad.dtype == torch.bfloat16, **consts,
         )
     return loss
+
+
+def joint_tile_grad(
+    x: torch.Tensor,
+    lz: torch.Tensor,
+    lzd: torch.Tensor | None,
+    occ: torch.Tensor,
+    cls: tuple[int, ...],
+    targets: torch.Tensor,
+    hat_blank: int,
+    clamp: tuple[float, ...],
+    gscale: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """See ``seqloss.transducer.joint.reference.joint_tile_grad``: one launch of
+    ``joint_tile_grad_kernel`` over the tile's rows (``out`` may be ``x``)."""
+    nb, NT, NU, W = x.shape
+    K = occ.shape[0]
+    NC = len(cls)
+    D = occ.shape[-1] - 3 - NC
+    V = W - D
+    NR = nb * NT * NU
+    if NR == 0:
+        return out
+    device = x.device
+    f64 = torch.float64
+    if hat_blank >= 0:
+        cls = (hat_blank,)
+    key = (tuple(cls), device)
+    ct = _TABLES.get(key)
+    if ct is None:
+        ct = _TABLES[key] = torch.tensor(cls, dtype=torch.int64, device=device)
+    # (clamp_0 .. clamp_{K-1}, gscale (K, nb)), float64 on the device: fills, no copy
+    par = torch.empty(K * (1 + nb), dtype=f64, device=device)
+    for k, c in enumerate(clamp):
+        par[k] = float(c)
+    par[K:] = gscale.to(f64).reshape(-1)
+    lz = lz.to(f64).contiguous()
+    lzd = lz if lzd is None else lzd.to(f64).contiguous()
+    occ = occ.to(f64).contiguous()
+    tg = targets.to(torch.int64).contiguous()
+    if tg.shape[1] == 0:
+        tg = torch.zeros((nb, 1), dtype=torch.int64, device=device)  # never read (NU = 0)
+    block_r, block_v = _row_blocks(V)
+    block_d = max(2, triton.next_power_of_2(max(D, 1)))
+    with _device_guard(x):
+        joint_tile_grad_kernel[(triton.cdiv(NR, block_r),)](
+            x, out, lz, lzd, occ, ct, tg, par, NR, NT, NU, nb, V, D, occ.shape[-1],
+            *x.stride()[:3], *out.stride()[:3], tg.stride(0),
+            K=K, NC=NC, HAS_DUR=D > 0, HAT=hat_blank >= 0,
+            HAS_CLAMP=any(c > 0 for c in clamp), FP64=x.dtype == torch.float64,
+            BLOCK_R=block_r, BLOCK_V=block_v, BLOCK_D=block_d,
+        )
+    if out.data_ptr() == x.data_ptr():
+        torch.autograd.graph.increment_version(out)
+    return out
