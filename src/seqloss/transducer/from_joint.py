@@ -20,10 +20,13 @@ never shows the joint their padding (``_Pad``): padding reaches no gradient.
 Backward: each tile's logits are recomputed with autograd on, under the CPU and CUDA
 RNG states saved before its forward call (``torch.utils.checkpoint``'s approach, so
 dropout inside the joint draws the same masks) and the forward's autocast state. The
-joint epilogue (``table.py``) makes the tile's logits gradient from the occupations,
-``softmax * row occupation - arc occupations on their classes``, then ``clamp``, then
-the reduction's factor and the incoming gradient; it is pushed through the joint
-into ``encoder_out``, ``predictor_out`` and the joint's parameters, one tile at a time.
+backend's joint epilogue on a tile (``joint_tile_grad``: the reference's in PyTorch,
+Numba's through its row body ``grad_row``, Triton's kernel; ``table.py``) makes the
+tile's logits gradient from the occupations, ``softmax * row occupation - arc
+occupations on their classes``, then ``clamp``, then the reduction's factor and the
+incoming gradient, written over the logits where the joint's backward does not read
+them (``_overwritable``); it is pushed through the joint into ``encoder_out``,
+``predictor_out`` and the joint's parameters, one tile at a time.
 """
 
 from __future__ import annotations
@@ -54,13 +57,12 @@ U=40, H=256, V=1024): 2**20 costs the same time as 2**22 and 2**24 (the joint's
 matmuls dominate), with 20 MiB of peak against 71 and 191 MiB."""
 
 DEFAULT_CHUNK_ELEMENTS_ROWS = 2**21
-"""The default on CPU where the backend's row passes make each tile's gradient (the
-Numba backend, one softmax table without clamp: RNN-T, multi-blank; rows of at least
-``numba_rows.MIN_ROW_WIDTH`` classes), written over the logits where the joint's
-backward does not read them: 2 Mi logits, ~25 MiB of peak at (B=8, T=150, U=40, H=256,
-V=1024), 32 tiles against 2**20's 56. Each tile costs the joint's ~15 parallel regions
-and the row passes' pool, whose hand-offs to the other threads dominate the tiles' cost
-on a loaded 2-core machine."""
+"""The default on CPU for the Numba backend's one softmax table without clamp (RNN-T,
+multi-blank) on rows of at least ``numba_rows.MIN_ROW_WIDTH`` classes (where its row
+passes also make the forward's normalizers): 2 Mi logits, ~25 MiB of peak at (B=8,
+T=150, U=40, H=256, V=1024), 32 tiles against 2**20's 56. Each tile costs the joint's
+~15 parallel regions and the row passes' pool, whose hand-offs to the other threads
+dominate the tiles' cost on a loaded 2-core machine."""
 
 DEFAULT_CHUNK_ELEMENTS_CUDA = 2**24
 """The default on CUDA: 16 Mi logits (64 MiB per float32 tile), large enough that a
@@ -154,11 +156,11 @@ class _Branch:
 
     table: JointTable
     weight: float
-    # filled by the forward: per-class occupations, (B, T, U+1[, k])
-    occ_blank: Tensor | None = None  # by distinct blank token
-    occ_emit: Tensor | None = None
-    occ_dur: Tensor | None = None
-    total: Tensor | None = None
+    # filled by the forward: (B, T, U+1, 3 + len(blank_tokens) + D) in plan.acc, the
+    # epilogue's per-row weights and occupations (the ``occ`` of joint_tile_grad:
+    # the token block's and duration block's weights, the emission's, each distinct
+    # blank-like class's, each duration logit's)
+    occ: Tensor | None = None
 
 
 @dataclass
@@ -273,10 +275,9 @@ def _lse(x: Tensor) -> Tensor:
 
 
 def _row_passes(plan: _Plan, x: Tensor) -> object | None:
-    """The CPU backend's row passes over a tile's token rows ``x (nb, nt, nu, V+D)`` (one
-    read of the logits for the normalizers, one in-place epilogue for the gradient; HAT's
-    at any width), or None where torch's ops run instead (CUDA, the reference, narrow
-    rows)."""
+    """The CPU backend's row prologue over a tile's token rows ``x (nb, nt, nu, V+D)`` in
+    the forward (one read of the logits for the normalizers; HAT's at any width), or
+    None where torch's ops run instead (CUDA, the reference, narrow rows)."""
     if plan.backend != "numba" or x.device.type != "cpu":
         return None
     from .joint.numba_rows import RowPasses, rows_ok
@@ -394,8 +395,8 @@ def _tile_log_probs(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tup
 def _branch_loss(plan: _Plan, br: _Branch, kern, lb: Tensor, ly: Tensor,
                  ld: Tensor | None) -> Tensor:
     """One branch's ``(B,)`` float64 loss from the tiles' log-probabilities, its lattice
-    occupations left on ``br`` (``total``, ``occ_emit``, ``occ_blank``, ``occ_dur``) for
-    the backward."""
+    occupations left on ``br`` (``br.occ``, the epilogue's per-row weights) for the
+    backward."""
     B, T, U1, D = len(plan.Tl), plan.T, plan.U1, plan.D
     acc, device = plan.acc, lb.device  # type: ignore[attr-defined]
     tb = br.table
@@ -417,18 +418,21 @@ def _branch_loss(plan: _Plan, br: _Branch, kern, lb: Tensor, ly: Tensor,
     ob, oe = ob.to(acc), oe.to(acc)
     scale = 1.0 + tb.fastemit_lambda
     oe = oe * scale
-    br.total = ob.sum(-1) + oe.sum(-1)
-    br.occ_emit = oe.sum(-1)
-    occ_tok = torch.zeros((B, T, U1, len(plan.blank_tokens)), dtype=acc, device=device)
-    occ_dur = torch.zeros((B, T, U1, D), dtype=acc, device=device) if D else None
+    nt = len(plan.blank_tokens)
+    occ = torch.zeros((B, T, U1, 3 + nt + D), dtype=acc, device=device)
+    total = ob.sum(-1) + oe.sum(-1)
+    occ[..., 0] = total
+    if tb.num_durations:  # TDT's RNN-T branch (omega) weighs no duration logit
+        occ[..., 1] = total
+    occ[..., 2] = oe.sum(-1)
     for i, a in enumerate(tb.blank_arcs):
-        occ_tok[..., plan.blank_tokens.index(a.token)] += ob[..., i]
+        occ[..., 3 + plan.blank_tokens.index(a.token)] += ob[..., i]
         if a.duration_logit is not None:
-            occ_dur[..., a.duration_logit] += ob[..., i]  # type: ignore[index]
+            occ[..., 3 + nt + a.duration_logit] += ob[..., i]
     for j, a in enumerate(tb.emit_arcs):
         if a.duration_logit is not None:
-            occ_dur[..., a.duration_logit] += oe[..., j]  # type: ignore[index]
-    br.occ_blank, br.occ_dur = occ_tok, occ_dur
+            occ[..., 3 + nt + a.duration_logit] += oe[..., j]
+    br.occ = occ
     return -ll.to(torch.float64) * scale
 
 
@@ -443,93 +447,58 @@ def plan_dtype(plan: _Plan) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------- backward
-def _minus_lse(out: Tensor, x: Tensor, lz: Tensor) -> None:
-    """``out = x - log Z`` (``log Z = -inf``, a row without arcs, taken as ``+inf``: its
-    ``exp`` is 0), with float64 ``log Z`` kept exact for a float32 ``x``.
+def _parts(plan: _Plan, m: Tensor, dead: Tensor | None) -> tuple[Tensor, tuple[float, ...], Tensor]:
+    """``(occ (K, B, T, U+1, C), clamp, gscale (K, B))`` float64, the backward's input to
+    the backend's ``joint_tile_grad`` (per tile, slices of these).
 
-    ``log Z`` is split into its float32 rounding and the rest, subtracted in turn: the
-    first subtraction is exact where ``x`` is near ``log Z`` (where ``exp`` is large).
-    Rounded once instead, it puts an error of ``eps * |log Z|`` in every probability
-    (measured: 3e-7 to 7e-7 of relative gradient error for logits of scale 10 to 30)."""
-    z = lz.masked_fill(lz == float("-inf"), float("inf"))
-    if out.dtype == torch.float64:
-        torch.sub(x, z[..., None], out=out)
-        return
-    hi = z.to(out.dtype)
-    lo = torch.where(torch.isfinite(hi), z - hi.to(z.dtype), 0.0).to(out.dtype)
-    torch.sub(x, hi[..., None], out=out)
-    out.sub_(lo[..., None])
+    The epilogue is linear in the occupations, so without a clamp the branches (TDT's
+    ``omega`` mixes two) and each sequence's factor (the reduction's, the incoming
+    gradient, the branch's weight; 0 for a sequence infeasible in a branch) are folded
+    into one part. A clamp applies to each branch's gradient before its factor: one
+    part per branch."""
+    f64 = torch.float64
+    mb = m.to(f64)
+    if dead is not None:
+        mb = torch.where(dead, 0.0, mb)
+    factors = [mb * br.weight for br in plan.branches]
+    if all(br.table.clamp <= 0 for br in plan.branches):
+        occ = None
+        for br, f in zip(plan.branches, factors, strict=True):
+            ok = br.occ.to(f64) * f[:, None, None, None]  # type: ignore[union-attr]
+            occ = ok if occ is None else occ.add_(ok)
+        return occ[None], (0.0,), torch.ones((1, len(mb)), dtype=f64, device=m.device)  # type: ignore[index]
+    occ = torch.stack([br.occ for br in plan.branches]).to(f64)  # type: ignore[misc]
+    return occ, tuple(br.table.clamp for br in plan.branches), torch.stack(factors)
 
 
-def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, m: Tensor, bad: Tensor,
-               bad_host: list[bool], dead: Tensor | None) -> Tensor:
-    """The joint epilogue on one tile: the gradient of the weighted loss w.r.t. its logits."""
+def _tile_epilogue(backend: str):
+    """The backend's ``joint_tile_grad`` (the Numba one beside its row passes)."""
+    if backend == "numba":
+        from .joint import numba_rows
+
+        return numba_rows.joint_tile_grad
+    return kernel_module("joint", backend).joint_tile_grad
+
+
+def _tile_grad(plan: _Plan, tile: Tile, pad: _Pad | None, logits: Tensor, parts: tuple,
+               bad: Tensor, bad_host: list[bool]) -> Tensor:
+    """The joint epilogue on one tile (the backend's ``joint_tile_grad``): the gradient of
+    the weighted loss w.r.t. its logits, written over them where ``_overwritable``."""
     b0, b1, t0, t1, u0, u1 = tile
-    device = logits.device
-    V, D = plan.V, plan.D
     acc = plan.acc  # type: ignore[attr-defined]
     sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
     x = logits.detach()
     if x.dtype != acc:
         x = x.to(acc)
-    clamp_any = any(br.table.clamp > 0 for br in plan.branches)
-    single = (len(plan.branches) == 1 and not clamp_any
-              and plan.branches[0].table.num_durations == D)
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        x = x.contiguous()  # the backends read rows of unit stride
+    occ, clamp, gscale = parts
+    out = x if _overwritable(x, logits) else torch.empty(x.shape, dtype=acc, device=x.device)
     hb = _hat_blank(plan)
-    rp = _row_passes(plan, x) if single and not D else None
-    if rp is not None:
-        return _tile_grad_rows(plan, tile, pad, x, rp, m, bad, bad_host, dead, logits)
-    p = torch.empty(x.shape, dtype=acc, device=device)
-    _minus_lse(p[..., :V], x[..., :V], plan.lz[sl])  # type: ignore[attr-defined]
-    if D:
-        _minus_lse(p[..., V:], x[..., V:], plan.lzd[sl])  # type: ignore[attr-defined]
-    sig = torch.sigmoid(x[..., hb]) if hb is not None else None
-    del x
-    p.exp_()
-    if hb is not None:
-        p[..., hb] = 0.0  # not a label: out of the labels' softmax
-    mb = m[b0:b1]
-    if dead is not None:
-        mb = torch.where(dead[b0:b1], 0.0, mb)
-    mb = mb[:, None, None]
-    idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
-    tok_idx = list(plan.blank_tokens)
-
-    def epilogue(g: Tensor, br: _Branch, f: Tensor, dur: bool = True) -> Tensor:
-        # g holds the softmax; f the per-sequence factor (nb, 1, 1) folded in, or 1
-        if sig is None:
-            g.mul_((br.total[sl] * f)[..., None])  # type: ignore[index]
-        else:  # HAT: the labels' softmax weighs the emission, the blank's sigmoid every arc
-            g.mul_((br.occ_emit[sl] * f)[..., None])  # type: ignore[index]
-            g[..., hb] = sig * (br.total[sl] * f)  # type: ignore[index]
-        ot = br.occ_blank[sl] * f[..., None]  # type: ignore[index]
-        for k, c in enumerate(tok_idx):
-            g[..., c] -= ot[..., k]
-        g[..., :V].scatter_add_(-1, idx, -(br.occ_emit[sl] * f)[..., None])  # type: ignore[index]
-        if D and dur:
-            g[..., V:] -= br.occ_dur[sl] * f[..., None]  # type: ignore[index]
-        return g
-
-    if single:
-        g = epilogue(p, plan.branches[0], mb * plan.branches[0].weight)
-    else:
-        g = None
-        one = torch.ones_like(mb)
-        for k, br in enumerate(plan.branches):
-            gk = p.clone() if k < len(plan.branches) - 1 else p
-            if br.table.num_durations == 0 and D:  # TDT's RNN-T branch: token block only
-                gk[..., V:] = 0.0
-                gk[..., :V] = epilogue(gk[..., :V].contiguous(), br, one, dur=False)
-            else:
-                gk = epilogue(gk, br, one)
-            if br.table.clamp > 0:
-                gk.clamp_(-br.table.clamp, br.table.clamp)
-            gk.mul_((mb * br.weight)[..., None])
-            g = gk if g is None else g.add_(gk)
-    # Flush subnormals (|g| < the smallest normal: exp of very negative logits times an
-    # occupation): a matmul reading them runs many times slower on x86 (measured: up to
-    # 15% of a tile's entries, 3x the backward's time); NaN stays NaN.
-    g = torch.nn.functional.hardshrink(g, torch.finfo(acc).tiny)
+    lzd = plan.lzd[sl] if plan.D else None  # type: ignore[attr-defined]
+    g = _tile_epilogue(plan.backend)(
+        x, plan.lz[sl], lzd, occ[(slice(None), *sl)], plan.blank_tokens,  # type: ignore[attr-defined]
+        plan.targets[b0:b1, u0:u1], -1 if hb is None else hb, clamp, gscale[:, b0:b1], out)
     return _tile_masks(g, tile, pad, bad, bad_host)
 
 
@@ -567,32 +536,6 @@ def _overwritable(x: Tensor, logits: Tensor) -> bool:
     while fn is not None and type(fn).__name__ in _VIEWS:
         fn = fn.next_functions[0][0]
     return fn is not None and type(fn).__name__ in _OUT_UNSAVED
-
-
-def _tile_grad_rows(plan: _Plan, tile: Tile, pad: _Pad | None, x: Tensor, rp: object,
-                    m: Tensor, bad: Tensor, bad_host: list[bool], dead: Tensor | None,
-                    logits: Tensor) -> Tensor:
-    """``_tile_grad`` of one RNN-T-like table (one branch, no clamp, no durations; HAT's
-    too) through the CPU backend's row passes: ``exp(x - max)`` written once, then scaled
-    in place by ``occupation / sum`` minus the arcs' occupations (HAT: its epilogue;
-    subnormals flushed there)."""
-    b0, b1, t0, t1, u0, u1 = tile
-    br = plan.branches[0]
-    sl = (slice(b0, b1), slice(t0, t1), slice(u0, u1))
-    f = m[b0:b1] * br.weight
-    if dead is not None:
-        f = torch.where(dead[b0:b1], 0.0, f)
-    f = f.to(torch.float64)[:, None, None]
-    # The per-sequence factor folded into the occupations (no clamp here): the kernel's
-    # row total, their sum, carries it too.
-    ob = (br.occ_blank[sl] * f[..., None]).to(x.dtype)  # type: ignore[index]
-    oe = (br.occ_emit[sl] * f).to(x.dtype)[..., None]  # type: ignore[index]
-    # HAT's prologue writes no gradient over the logits (numba_rows): a buffer of its own
-    over = _hat_blank(plan) is None and _overwritable(x, logits)
-    g = x if over else torch.empty(x.shape, dtype=x.dtype)
-    rp.gradient(g, ob, oe, list(plan.blank_tokens), plan.targets[b0:b1, u0:u1], 1.0, 0.0,  # type: ignore[attr-defined]
-                1.0, np.zeros(b1 - b0, np.uint8), emit_last=True)
-    return _tile_masks(g, tile, pad, bad, bad_host)
 
 
 def _keep(grad: Tensor, keep: Tensor | None) -> Tensor:
@@ -699,6 +642,7 @@ class _FromJoint(torch.autograd.Function):
         ge = torch.zeros_like(enc) if need_e else None
         gp = torch.zeros_like(pred) if need_p else None
         gparams: list[Tensor | None] = [None] * len(params)
+        parts = _parts(plan, m, ctx.dead)
         devices = [device] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             for tile, pad, st in zip(plan.tiles, plan.pads, ctx.states, strict=True):
@@ -710,7 +654,7 @@ class _FromJoint(torch.autograd.Function):
                 with _Autocast(ctx.autocast):
                     logits = _call_joint(plan.joint, e_t, p_u, (0, b1 - b0, 0, t1 - t0, 0, u1 - u0))
                 with torch.no_grad():
-                    g = _tile_grad(plan, tile, pad, logits, m, ctx.bad, ctx.bad_host, ctx.dead)
+                    g = _tile_grad(plan, tile, pad, logits, parts, ctx.bad, ctx.bad_host)
                     g = g.to(logits.dtype)
                 if logits.requires_grad:
                     push_tile(plan.is_module, logits, g, e_t, p_u, tile, pad, params, want, ge,
@@ -997,17 +941,17 @@ _DOC = r"""
         chunk_elements: the most logits materialized at once (tiles hold whole class
             rows, so at least one row). ``None``: ``2**20`` on CPU (4 MiB of float32
             logits; ``seqloss.transducer.from_joint.DEFAULT_CHUNK_ELEMENTS``),
-            ``2**21`` where the CPU backend's row passes make the gradient (RNN-T,
-            multi-blank without clamp on rows of 512 classes and more:
-            ``DEFAULT_CHUNK_ELEMENTS_ROWS``, the gradient written over the logits),
+            ``2**21`` for the Numba backend's RNN-T and multi-blank without clamp on
+            rows of 512 classes and more (``DEFAULT_CHUNK_ELEMENTS_ROWS``),
             ``2**24`` on CUDA (``DEFAULT_CHUNK_ELEMENTS_CUDA``). A tile costs about
             four times its logits in the backward pass (the logits, their float32
             softmax/gradient, the joint's own temporaries), so choose it from the
             memory to spare, ``chunk_elements ~ spare_bytes / 16``, and large
             enough that one joint call per tile is cheap next to its matmuls
             (on CPU anything from ~2**18 up costs the same; on CUDA ~2**22 up).
-        backend: the lattice's backend (``"auto"``, ``"reference"``, ``"numba"``,
-            ``"triton"``); the tile math is plain PyTorch on the inputs' device.
+        backend: the backend of the lattice and of each tile's gradient (``"auto"``,
+            ``"reference"``, ``"numba"``, ``"triton"``); the tiles' normalizers are
+            PyTorch's ops on the inputs' device (Numba's row prologue on wide rows).
         validate: check lengths and ids. The tiling reads the lengths on the host
             either way (one sync on CUDA).
 
