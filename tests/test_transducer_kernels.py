@@ -33,7 +33,7 @@ from conftest import device_for
 import seqloss
 from seqloss.testing import assert_close_budget
 from seqloss.transducer.joint import reference as joint_ref
-from seqloss.transducer.joint.table import Arc, JointTable, rnnt_table
+from seqloss.transducer.joint.table import Arc, JointTable, hat_table, rnnt_table
 from seqloss.transducer.lattice import reference as lattice_ref
 
 _TRITON = importlib.util.find_spec("triton") is not None
@@ -883,3 +883,61 @@ def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
         seqloss.multiblank_rnnt_loss(x.requires_grad_(), tg % (V - 3) + 1, il, tl, blank=V - 1,
                                      big_blank_durations=[2], backend="numba").backward()
     assert calls == [128, 511, 512, 512]
+
+
+# ------------------------------------------------------------------ Numba: one row epilogue
+# Every gradient row of the Numba joint is written by numba_rows.grad_row: the cases
+# here are those whose prologue is torch's chunked ops (narrow RNN-T rows, a caller's
+# buffer for the many-arc tables, log-probabilities, half precision through float32
+# chunk temporaries, classes not at unit stride), against the float64 reference on the
+# same (rounded) inputs.
+def _epilogue_table(kind):
+    if kind == "rnnt":
+        return rnnt_table(V, BLANK, 0.3, 0.2)
+    if kind == "hat":
+        return hat_table(V, BLANK, 0.3, 0.2)
+    return _table(kind, sigma=0.05, clamp=0.3, fastemit_lambda=0.2, emit_can_end=kind == "mixed")
+
+
+def _classes_outer(x):
+    """``x``'s values with the classes outermost in memory (stride along them > 1)."""
+    return x.movedim(-1, 0).contiguous().movedim(0, -1)
+
+
+# (rtol, atol) of the gradient against float64: float32's own error; half precision's
+# rounding of the float32 result (half an ulp) on top.
+EPILOGUE_TOL = {torch.float64: (1e-10, 1e-13), torch.float32: (1e-5, 1e-6),
+                torch.float16: (2.0**-11, 1e-6), torch.bfloat16: (2.0**-8, 1e-6)}
+
+
+@numba_only
+@pytest.mark.parametrize("layout", ["own", "inplace", "strided-inplace"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "logprobs"])
+@pytest.mark.parametrize("dtype", list(EPILOGUE_TOL), ids=["fp64", "fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["rnnt", "hat", "multiblank", "tdt", "mixed"])
+def test_every_epilogue_against_the_reference(monkeypatch, kind, dtype, fused, layout):
+    half = dtype in (torch.float16, torch.bfloat16)
+    if kind == "hat" and (not fused or (layout == "inplace" and not half)):
+        pytest.skip("a 'hat' table takes raw logits; its row passes (float32/float64 at unit "
+                    "stride) write no gradient over them")
+    monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 10**9)  # torch's chunked prologue
+    table = _epilogue_table(kind)
+    x, tg, il, tl = _inputs(table, seed=len(kind) + 7 * fused, fused=fused)
+    xh = x.to(dtype)
+    want_l, want_g = _fwd(joint_ref, xh.double(), tg, il, tl, table, fused, scale=0.5)
+    xin = _classes_outer(xh) if layout.startswith("strided") else xh.clone()
+    buf = xin if layout.endswith("inplace") else None
+    loss, g = _fwd(numba_cpu, xin, tg, il, tl, table, fused, buf=buf, scale=0.5)
+    assert g.dtype == dtype and (buf is None or g.data_ptr() == buf.data_ptr())
+    assert_close_budget(loss, want_l, rtol=1e-12 if dtype == torch.float64 else 1e-5,
+                        what="loss")
+    rtol, atol = EPILOGUE_TOL[dtype]
+    assert_close_budget(g, want_g, rtol=rtol, atol=atol, what="grad")
+    for b in range(len(il)):  # padding: exactly zero
+        assert torch.count_nonzero(g[b, il[b]:]) == 0
+        assert torch.count_nonzero(g[b, :, tl[b] + 1:]) == 0
+    if half and kind != "hat":
+        # The float32 computation on the same values (the same path), rounded once.
+        x32 = xh.float()
+        _, g32 = _fwd(numba_cpu, x32, tg, il, tl, table, fused, buf=x32, scale=0.5)
+        assert torch.equal(g, g32.to(dtype))

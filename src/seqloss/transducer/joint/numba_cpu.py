@@ -9,11 +9,12 @@ concatenated.
 
 Where the time goes: the loss is bound by one ``exp`` per logit and by memory traffic.
 For float32/float64 rows of at least ``numba_rows.MIN_ROW_WIDTH`` classes (RNN-T's
-table) or ``TABLE_MIN_ROW_WIDTH`` (the many-arc tables) the passes over them run row by
+table) or ``TABLE_MIN_ROW_WIDTH`` (the many-arc tables) the prologue's passes run row by
 row in Numba (``numba_rows``: a vectorized ``exp``, each row read from memory once per
 pass, many jobs on the shared pool); every other case takes torch's ops over chunks of
-frames, each chunk staying in cache between its passes (benchmarks/RESULTS.md has the
-measurements behind both widths).
+frames for the prologue, each chunk staying in cache between its passes
+(benchmarks/RESULTS.md has the measurements behind both widths). The epilogue is Numba's
+row jobs everywhere.
 The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
 (sequence, direction) or sequence, on the shared thread pool
 (:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the
@@ -21,15 +22,15 @@ thread count).
 
 Memory: the gradient is the only logits-sized allocation (reused between calls:
 ``seqloss._core.buffers``), and none at all when the caller passes ``grad_buffer=logits``.
-The prologue writes ``exp(x - m)`` into the gradient's buffer, and the epilogue
-(``numba_rows.grad_row``: called by the row jobs for RNN-T and HAT, by the lattice kernel
-for many-arc tables) rescales it in place: one
-``exp`` per logit, which bounds these passes (recomputing it in the epilogue instead, one
-read of the logits for a write and a read of the buffer, measured 10-20% slower).
-Half-precision inputs use chunk-sized float32 temporaries instead (their gradient buffer
-is too coarse to hold the exponentials), at the price of a second ``exp`` pass; those, and
-the rows too narrow for the row passes, take torch's ops for the epilogue too
-(``_softmax_grad``, the same formula).
+The prologue writes ``exp(x - m)`` into the gradient's buffer, and the epilogue rescales
+it in place: one ``exp`` per logit, which bounds these passes (recomputing it in the
+epilogue instead, one read of the logits for a write and a read of the buffer, measured
+10-20% slower). Every gradient row, token or duration block, is written by one row
+epilogue, ``numba_rows.grad_row``: called by the row jobs (``RowPasses.epilogue``) for
+the ``_forward`` path and by the lattice kernel for the many-arc tables' compact path.
+Half-precision gradients, and those whose classes are not at unit stride, go through
+chunk-sized float32/float64 temporaries (a half buffer is too coarse to hold the
+exponentials: they are recomputed there, a second ``exp`` pass), cast in once.
 """
 
 from __future__ import annotations
@@ -77,14 +78,6 @@ def _chunks(tb: int, ub: int, V: int):
         yield t0, min(tb, t0 + step)
 
 
-def _log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Guarded log-softmax of a small block (duration logits): a row of ``-inf`` stays ``-inf``."""
-    m = x.amax(-1, keepdim=True)
-    m = torch.where(m == NEG_INF, 0.0, m)
-    log_z = torch.log(torch.exp(x - m).sum(-1, keepdim=True))
-    return torch.where(log_z == NEG_INF, NEG_INF, (x - m) - log_z)
-
-
 # --------------------------------------------------------------------------- many-arc tables
 # Multi-blank and TDT (any table but RNN-T's, float32/float64 input): the arcs are never
 # materialized. Per state the lattice keeps compact scores (one log-prob per distinct blank
@@ -96,9 +89,23 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _flush(v, tiny):
-    """``v``, or 0 when ``|v| <= tiny`` (then it rounds to 0 in the output dtype anyway)."""
-    return 0.0 if abs(v) <= tiny else v
+def _duration_row(gd, d0, sd, t, u, p, od, dcls, fused, total, clamp, gscale, tiny):
+    """The duration block's gradient row ``gd[d0 : d0 + D]`` of state ``(t, u)``:
+    ``grad_row`` over a float64 scratch row ``p`` holding the ``D`` duration
+    probabilities ``exp(sd[t, u])`` (``fused``), ``total`` the state's occupancy,
+    ``od[k]`` the occupation of its arcs taking duration ``k`` (``dcls = 0 .. D - 1``),
+    then stored in ``gd``'s dtype. The token rows' formula with the block's own
+    normalizer; in float64 (``D`` numbers a row), rounded once. The exp in ``gd``'s
+    dtype (float32: twice as fast; a relative error of eps in one term, where the
+    lattice's scores are exact)."""
+    D = p.shape[0]
+    if fused:
+        for k in range(D):
+            p[k] = np.float64(math.exp(gd.dtype.type(sd[t, u, k])))
+    grad_row(p, 0, D, fused, total, False, dcls, od, 0, D, -1, 0.0, -1, 0.0, clamp, gscale,
+             tiny)
+    for k in range(D):
+        gd[d0 + k] = p[k]
 
 
 @njit(cache=True, nogil=True)
@@ -207,8 +214,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
 
     The gradient row of state ``(t, u)`` is written where row ``base[b] + t st[b] + u``
     starts: ``gt[r Wt : r Wt + V]`` (token block, holding ``exp(x - m)`` when ``fused``)
-    and ``gd[r Wd + cd : ... + D]`` (duration block): ``softmax * total - occupations``
-    per block (``-occupations`` if not ``fused``), clamped to ``[-clamp, clamp]`` when
+    and ``gd[r Wd + cd : ... + D]`` (duration block), both by ``grad_row`` (the
+    duration row through ``_duration_row``): ``softmax * total - occupations`` per
+    block (``-occupations`` if not ``fused``), clamped to ``[-clamp, clamp]`` when
     ``clamp > 0``, then times ``gscale``. ``rs``: the token rows' ``sum exp(x - m)``.
     Sequences with ``skip[b]`` (NaN logits) and without a path get no row written.
     """
@@ -241,6 +249,8 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     occ = np.zeros((Db + De, Ub + 1), dtype=np.float64)
     oc = np.empty(nu, dtype=np.float64)
     od = np.empty(max(D, 1), dtype=np.float64)
+    pd = np.empty(D, dtype=np.float64)  # the duration row's scratch
+    dcls = np.arange(D)
     for t in range(Tb - 1, -1, -1):
         a = alpha[t]
         for i in range(Db):
@@ -311,20 +321,13 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             # microcode assist a subnormal result costs (rows of improbable states).
             grad_row(gt, r * Wt, V, fused, w, True, uniq, oc, 0, nu, tg[b, u] if u < Ub else -1,
                      oe, -1, 0.0, clamp, gscale, tiny)
-            d0 = r * Wd + cd
-            for k in range(D):
-                # The softmax in the gradient's dtype (float32: the exp twice as fast;
-                # a relative error of eps in one term, where the lattice's scores are exact).
-                g = -od[k]
-                if fused:
-                    g += np.float64(math.exp(gt.dtype.type(sdb[t, u, k]))) * total
-                if clamp > 0.0:
-                    g = min(max(g, -clamp), clamp)
-                gd[d0 + k] = _flush(g * gscale, tiny)
+            _duration_row(gd, r * Wd + cd, sdb, t, u, pd, od, dcls, fused, total, clamp, gscale,
+                          tiny)
 
 
 # Half the least subnormal of the gradient's dtype: a magnitude at or below it rounds to 0.
-_TINY = {torch.float32: 2.0**-150, torch.float64: 2.0**-1075}
+_TINY = {torch.float32: 2.0**-150, torch.float64: 2.0**-1075, torch.float16: 2.0**-25,
+         torch.bfloat16: 2.0**-134}
 
 
 def _is_rnnt(table: JointTable) -> bool:
@@ -565,12 +568,7 @@ def joint_loss_forward(
     loss = _forward(logits[..., :V] if D else logits, logits[..., V:] if D else None,
                     targets, logit_lengths, target_lengths, table, fused_log_softmax,
                     None if grad is None else (grad[..., :V] if D else grad),
-                    None if grad is None or not D else grad[..., V:], grad_scale,
-                    # A caller's buffer may be the logits themselves (in place): then the
-                    # duration logits are read once, before any gradient is written.
-                    rows=logits if D and grad_buffer is None else None,
-                    grad_rows=grad if D and grad_buffer is None else None,
-                    reread_durations=grad_buffer is None)
+                    None if grad is None or not D else grad[..., V:], grad_scale)
     return loss, (grad if grad is not None else logits.new_empty(0))
 
 
@@ -617,26 +615,17 @@ def _forward(
     grad: torch.Tensor | None,
     grad_dur: torch.Tensor | None,
     grad_scale: float,
-    *,
-    rows: torch.Tensor | None = None,
-    grad_rows: torch.Tensor | None = None,
-    reread_durations: bool = True,
 ) -> torch.Tensor:
     """The loss; the gradient written into ``grad`` (token block) and ``grad_dur``.
 
     ``logits`` is the token block ``(..., V)`` and ``dur_logits`` the duration block
     ``(..., D)`` (``None`` when ``D = 0``): views of one joint, or two tensors. No
-    gradient when ``grad`` is ``None``. ``rows``/``grad_rows``: the joint and its
-    gradient whole, when the blocks are their views: the elementwise passes then run
-    over whole (contiguous) rows, whose duration columns are scratch until the
-    duration gradient overwrites them (a row of the token view alone is misaligned:
-    ~1.5x slower passes). ``reread_durations``: the epilogue recomputes the duration
-    log-probabilities from ``dur_logits`` (False: keeps them from the prologue, for a
-    gradient written over the logits).
+    gradient when ``grad`` is ``None``. The gradient may be written over the logits
+    (a caller's buffer): every logit is read before its entry is written.
     """
     acc = _acc_dtype(logits.dtype)
     Tl, Ul, T, U1, offs = _layout(logits, logit_lengths, target_lengths)
-    B = len(Tl)
+    B, D = len(Tl), table.num_durations
     tg = targets.cpu()
     # The lattice runs in float64 whatever the input: arc scores of -2e4 (logits of
     # 1e4) keep their small parts, and Numba's scalar log/exp cost the same.
@@ -651,16 +640,17 @@ def _forward(
         raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
     passes, bad = _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax,
                                 row_max, row_sum, arc_blank, arc_emit)
-    kept_dur: list[torch.Tensor | None] = [None] * B
-    bsig = None
+    # The duration log-probs (float64), kept for the epilogue: the duration gradient
+    # may be written over the duration logits.
+    sd = torch.empty((B, T, U1, D), dtype=torch.float64) if D else None
     if passes is None:
-        # HAT without the row passes: each row's sigmoid(z_blank), float64, for the epilogue
-        bsig = torch.empty((B, T, U1), dtype=torch.float64) if table.hat else None
+        # torch's chunked passes for the prologue; the epilogue is the row jobs' all the same
+        passes = RowPasses(logits, Tl, Ul, offs, table.num_tokens, row_max, row_sum,
+                           hat_blank=table.blank_arcs[0].token if table.hat else -1)
         gathered = _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax,
-                             grad, rows, grad_rows, row_max, row_sum,
-                             None if reread_durations else kept_dur)
-        bad = _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bsig,
-                          arc_blank, arc_emit)
+                             grad, row_max, row_sum, sd)
+        bad = _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum,
+                          passes.hat_lsb, sd, arc_blank, arc_emit)
         del gathered
 
     # ---- core recursion
@@ -678,9 +668,8 @@ def _forward(
         return loss
 
     # ---- epilogue: occupations -> gradient, in the buffer holding exp(x - m)
-    _gradients(logits, dur_logits, grad, grad_dur, grad_rows, tg, Tl, Ul, offs, table,
-               fused_log_softmax, grad_scale, ll, occ_b, occ_e, bad, passes, kept_dur, row_max,
-               row_sum, bsig)
+    _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softmax, grad_scale,
+               ll, occ_b, occ_e, bad, passes, sd)
     return loss
 
 
@@ -706,36 +695,114 @@ def _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax, row_
     return passes, [bool(seq_bad[b]) and Tl[b] > 0 for b in range(len(Tl))]
 
 
-def _gradients(logits, dur_logits, grad, grad_dur, grad_rows, tg, Tl, Ul, offs, table,
-               fused_log_softmax, grad_scale, ll, occ_b, occ_e, bad, passes, kept_dur, row_max,
-               row_sum, bsig) -> None:
-    """The epilogue: every sequence's gradient (zero on padding and for a sequence
-    without a path, NaN for a bad one), in the buffers holding ``exp(x - m)``."""
+def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softmax, grad_scale,
+               ll, occ_b, occ_e, bad, passes, sd) -> None:
+    """The epilogue: every gradient row by ``numba_rows.grad_row``, zero on padding and for
+    a sequence without a path, NaN for a bad one. The token block: ``passes``' epilogue
+    jobs in place over the ``exp(x - m)`` the prologue wrote into ``grad``, or over
+    chunk-sized temporaries where ``grad`` is not theirs to address (half precision,
+    classes not at unit stride: ``_chunked_epilogue``); the duration block:
+    ``_duration_grads``."""
     llist = ll.tolist()
+    B, V = len(Tl), table.num_tokens
+    nan = np.asarray(bad, dtype=np.uint8)
+    skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)], dtype=np.uint8)
+    args = (occ_b, occ_e, list(table.blank_tokens), tg, 1.0 + table.fastemit_lambda,
+            table.clamp, grad_scale, skip)
+    if rows_ok(V, grad, min_width=1):
+        passes.epilogue(grad, *args, scaled=fused_log_softmax)
+    else:
+        _chunked_epilogue(passes, logits, grad, passes.row_max, Tl, Ul, offs, fused_log_softmax,
+                          args)
+    grads = (grad,)
+    if grad_dur is not None:
+        _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_softmax,
+                        grad_scale, skip)
+        grads = (grad, grad_dur)
+    _fill_grads(grads, llist, nan, Tl, Ul, offs, logits.dim() == 2)
+
+
+def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_softmax,
+                      args) -> None:
+    """``passes.epilogue`` over contiguous chunks of frames in the accumulation dtype,
+    copied into ``grad``: a half-precision gradient (its buffer too coarse to have held
+    ``exp(x - m)``, which is recomputed from the logits here) or one whose classes are
+    not at unit stride (its ``exp(x - m)`` copied in). ``args``: the epilogue's."""
+    acc = row_max.dtype
+    half = logits.dtype in (torch.float16, torch.bfloat16)
+    V, skip = passes.V, args[-1]
+    live = [b for b in range(len(Tl)) if Tl[b] and not skip[b]]
+    # One scratch for every chunk (fresh pages for each would be faults).
+    n = max((min(tb, max(1, CHUNK_ELEMS // ((ub + 1) * V))) * (ub + 1) * V
+             for tb, ub in ((Tl[b], Ul[b]) for b in live)), default=0)
+    work = torch.empty(n, dtype=acc)
+    for b in live:
+        tb, ub = Tl[b], Ul[b]
+        g = _seq_view(grad, b, tb, ub, offs[b])
+        x = _seq_view(logits, b, tb, ub, offs[b])
+        for t0, t1 in _chunks(tb, ub, V):
+            e = work[: (t1 - t0) * (ub + 1) * V].view(t1 - t0, ub + 1, V)
+            if fused_log_softmax:
+                e.copy_(x[t0:t1] if half else g[t0:t1])
+                if half:
+                    e.sub_(row_max[b, t0:t1, : ub + 1, None]).exp_()
+            passes.epilogue(e, *args, scaled=fused_log_softmax, window=(b, t0, t1))
+            g[t0:t1].copy_(e)
+
+
+@njit(cache=True, nogil=True)
+def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale, tiny, gd,
+                       skip, job):
+    """Sequence ``b = job``'s duration gradient rows ``gd[b, t, u] (B, T, U1, D)`` from its
+    duration log-probs ``sd`` (raw values if not ``fused``) and arc occupations ``ob``/``oe``
+    (``(B, T, U1, Db/De)``; emissions on rows ``u < U_b``, times ``scale``), by
+    ``_duration_row``. ``bdl``/``edl``: each arc's duration column, -1 for none."""
+    b = job
+    if skip[b]:
+        return
+    _, T, U1, D = gd.shape
+    Db, De = ob.shape[3], oe.shape[3]
+    gdf, sdb = gd.reshape(-1), sd[b]
+    pd = np.empty(D, dtype=np.float64)
+    od = np.empty(D, dtype=np.float64)
+    dcls = np.arange(D)
+    for t in range(Tl[b]):
+        for u in range(Ul[b] + 1):
+            od[:] = 0.0
+            total = 0.0
+            for i in range(Db):
+                o = np.float64(ob[b, t, u, i])
+                total += o
+                if bdl[i] >= 0:
+                    od[bdl[i]] += o
+            for j in range(De if u < Ul[b] else 0):
+                o = np.float64(oe[b, t, u, j]) * scale
+                total += o
+                if edl[j] >= 0:
+                    od[edl[j]] += o
+            _duration_row(gdf, ((b * T + t) * U1 + u) * D, sdb, t, u, pd, od, dcls, fused,
+                          total, clamp, gscale, tiny)
+
+
+def _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_softmax,
+                    grad_scale, skip) -> None:
+    """The duration block's gradient into ``grad_dur`` (``_duration_grad_job``: a float64
+    ``(B, T, U1, D)`` block, ``D`` numbers a row, copied in per sequence)."""
+    i64 = np.int64
+    gd = torch.zeros(sd.shape, dtype=torch.float64)
+    bdl = [-1 if a.duration_logit is None else a.duration_logit for a in table.blank_arcs]
+    edl = [-1 if a.duration_logit is None else a.duration_logit for a in table.emit_arcs]
+    run_jobs(_duration_grad_job,
+             (sd.numpy(), occ_b.numpy(), occ_e.numpy(), own_lines(np.asarray(Tl, i64)),
+              own_lines(np.asarray(Ul, i64)), own_lines(np.asarray(bdl, i64)),
+              own_lines(np.asarray(edl, i64)), bool(fused_log_softmax),
+              1.0 + table.fastemit_lambda, float(table.clamp), float(grad_scale),
+              _TINY[grad_dur.dtype], gd.numpy(), own_lines(skip)),
+             range(len(Tl)), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
     for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
-        if logits.dim() == 4:
-            for gg in (grad, grad_dur):
-                if gg is not None:
-                    gg[b, tb:].zero_()
-                    gg[b, :tb, ub + 1 :].zero_()
-        if tb == 0:
-            continue
-        if bad[b] or llist[b] == NEG_INF:
-            fill = NAN if bad[b] else 0.0
-            _seq_view(grad, b, tb, ub, offs[b]).fill_(fill)
-            if table.num_durations:
-                _seq_view(grad_dur, b, tb, ub, offs[b]).fill_(fill)
-            continue
-        if passes is not None:
-            continue  # the row passes below (RNN-T: no duration block)
-        _sequence_grad(b, tb, ub, offs[b], logits, dur_logits, grad, grad_dur, grad_rows,
-                       kept_dur[b], occ_b, occ_e, row_max, row_sum, bsig, tg, table,
-                       fused_log_softmax, grad_scale)
-    if passes is not None:
-        skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(len(Tl))])
-        passes.epilogue(grad, occ_b, occ_e, list(table.blank_tokens), tg,
-                        1.0 + table.fastemit_lambda, table.clamp, grad_scale, skip)
+        if tb and not skip[b]:
+            _seq_view(grad_dur, b, tb, ub, offs[b]).copy_(gd[b, :tb, : ub + 1])
 
 
 def _layout(logits: torch.Tensor, logit_lengths: torch.Tensor,
@@ -753,12 +820,12 @@ def _layout(logits: torch.Tensor, logit_lengths: torch.Tensor,
     return Tl, Ul, T, U1, offs
 
 
-def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, grad, rows,
-              grad_rows, row_max, row_sum, kept_dur) -> list[tuple | None]:
+def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, grad, row_max,
+              row_sum, sd) -> list[tuple | None]:
     """Per sequence (torch's chunked passes): the normalizers into ``row_max``/``row_sum``
-    (``exp(x - m)`` into ``grad``), NaN/``+inf`` detection and the gathers the arcs
-    need, ``(xb, xe, ld, any_bad)``; ``None`` for a sequence without frames.
-    ``kept_dur``: where to keep the duration log-probs (``None``: recomputed later)."""
+    (``exp(x - m)`` into ``grad``), the duration log-probs into ``sd``, NaN/``+inf``
+    detection and the gathers the arcs need, ``(xb, xe, any_bad)``; ``None`` for a
+    sequence without frames."""
     acc = _acc_dtype(logits.dtype)
     half = logits.dtype in (torch.float16, torch.bfloat16)
     V, D = table.num_tokens, table.num_durations
@@ -775,28 +842,21 @@ def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, gr
         xb = x[..., uniq].to(acc, copy=True)  # (tb, ub+1, distinct blank classes)
         xe = x[:, :ub].gather(2, idx)[..., 0].to(acc)
         any_bad = False
-        ld = None
         if D:
-            # (T_b, U_b+1, D) duration log-probs, float64; not kept (recomputed in the
-            # epilogue, bit for bit): the lattice's peak holds no copy of them.
-            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).to(torch.float64, copy=True)
-            any_bad = not bool((xd.amax(-1) < float("inf")).all())  # NaN/+inf poisons the row
-            ld = _log_softmax(xd) if fused_log_softmax else xd
-            if kept_dur is not None:
-                kept_dur[b] = ld
+            xd = _seq_view(dur_logits, b, tb, ub, offs[b]).detach().to(torch.float64)
+            any_bad = _duration_scores(xd.numpy(), fused_log_softmax,
+                                       sd[b, :tb, : ub + 1].numpy())
         g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
-        xr = _seq_view(rows, b, tb, ub, offs[b]) if rows is not None else None
-        gr = _seq_view(grad_rows, b, tb, ub, offs[b]) if grad_rows is not None else None
-        any_bad |= _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc,
+        any_bad |= _normalizers(x, g, V, fused_log_softmax, hb, half, acc,
                                 row_max[b, :tb, : ub + 1], row_sum[b, :tb, : ub + 1])
-        gathered[b] = (xb, xe, ld, any_bad)
+        gathered[b] = (xb, xe, any_bad)
     return gathered
 
 
-def _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc, m_b, s_b) -> bool:
+def _normalizers(x, g, V, fused_log_softmax, hb, half, acc, m_b, s_b) -> bool:
     """One sequence's row normalizers over chunks of frames, into ``m_b``/``s_b``
-    ``(T_b, U_b+1)`` (``exp(x - m)`` into ``g``, or the whole rows ``gr``); whether a row
-    holds a NaN/``+inf``. ``hb``: HAT's blank class (``-1``: a softmax table)."""
+    ``(T_b, U_b+1)`` (``exp(x - m)`` into ``g`` unless half); whether a row holds a
+    NaN/``+inf``. ``hb``: HAT's blank class (``-1``: a softmax table)."""
     any_bad = False
     for t0, t1 in _chunks(x.shape[0], x.shape[1] - 1, V):
         xc = x[t0:t1]
@@ -821,16 +881,9 @@ def _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc, m_b, s_b) ->
         # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
         m = torch.where(m == NEG_INF, 0.0, m)
         if g is not None and not half:
-            if gr is not None:  # whole rows (their duration columns: scratch)
-                gcr = gr[t0:t1]
-                torch.sub(xr[t0:t1], m[..., None], out=gcr)
-                gcr.exp_()
-                gc = gcr[..., :V]
-            else:
-                gc = g[t0:t1]
-                torch.sub(xc, m[..., None], out=gc)
-                gc.exp_()
-            s = gc.sum(-1, dtype=acc)
+            gc = g[t0:t1]
+            torch.sub(xc, m[..., None], out=gc)
+            s = gc.exp_().sum(-1, dtype=acc)
         else:
             s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
         s_b[t0:t1] = s
@@ -838,10 +891,11 @@ def _normalizers(x, g, xr, gr, V, fused_log_softmax, hb, half, acc, m_b, s_b) ->
     return any_bad
 
 
-def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bsig, arc_blank,
-                arc_emit) -> list[bool]:
+def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, lsb, sd,
+                arc_blank, arc_emit) -> list[bool]:
     """Each sequence's arc scores into ``arc_blank``/``arc_emit`` (float64) from its
-    gathers and normalizers (HAT: the blank's sigmoid into ``bsig``); which are bad."""
+    gathers, normalizers and duration log-probs ``sd`` (HAT: the blank's logsigmoid into
+    ``lsb (B, T, U1)``, for the epilogue); which are bad."""
     lat = torch.float64
     sigma, dp = table.sigma, table.delay_penalty
     uniq = sorted(set(table.blank_tokens))
@@ -853,10 +907,11 @@ def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bs
         tb, ub = Tl[b], Ul[b]
         if tb == 0:
             continue
-        xb, xe, ld, any_bad = gathered[b]
+        xb, xe, any_bad = gathered[b]
         gathered[b] = None
         bad[b] = any_bad
         xb, xe = xb.to(lat), xe.to(lat)
+        ld = sd[b, :tb, : ub + 1] if sd is not None else None
         if fused_log_softmax:
             m = row_max[b, :tb, : ub + 1].to(lat)
             s = row_sum[b, :tb, : ub + 1].to(lat)
@@ -865,8 +920,9 @@ def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bs
             xe = torch.where(s[:, :ub] == 0, NEG_INF, (xe - m[:, :ub]) - ls[:, :ub])
             if table.hat:  # the blank's sigmoid: its arc, and the labels' share
                 zb = xb[..., 0]
-                bsig[b, :tb, : ub + 1] = torch.sigmoid(zb)
-                xb = F.logsigmoid(zb)[..., None]
+                xb = F.logsigmoid(zb)
+                lsb[b, :tb, : ub + 1] = xb
+                xb = xb[..., None]
                 xe = xe + F.logsigmoid(-zb[:, :ub])
             else:
                 xb = torch.where(s[..., None] == 0, NEG_INF,
@@ -883,119 +939,3 @@ def _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum, bs
         for j, dl in enumerate(e_dl):
             arc_emit[b, :tb, :ub, j] = xe if dl is None else xe + ld[:, :ub, dl]
     return bad
-
-
-def _sequence_grad(b, tb, ub, off, logits, dur_logits, grad, grad_dur, grad_rows, ld, occ_b,
-                   occ_e, row_max, row_sum, bsig, tg, table, fused_log_softmax,
-                   grad_scale) -> None:
-    """Sequence ``b``'s gradient from its occupations (torch's chunked passes), in the
-    buffer holding ``exp(x - m)``. ``ld``: its kept duration log-probs, or ``None``."""
-    lat = torch.float64
-    acc = _acc_dtype(logits.dtype)
-    scale = 1.0 + table.fastemit_lambda
-    g = _seq_view(grad, b, tb, ub, off)
-    # Occupations in the accumulation dtype (float64 for float64 input); their sums,
-    # and the small duration block, in float64.
-    ob = occ_b[b, :tb, : ub + 1]  # (tb, ub+1, Db)
-    oe = occ_e[b, :tb, :ub]  # (tb, ub, De), FastEmit's (1 + λ) not yet applied
-    oe_sum = oe.sum(-1, dtype=lat)
-    if scale != 1.0:
-        oe_sum *= scale
-    total = ob.sum(-1, dtype=lat)
-    total[:, :ub] += oe_sum
-    oe_tok = oe_sum.to(acc)
-    idx = tg[b, :ub].to(g.device)[None, :, None]
-    g_dur = None
-    if table.num_durations:
-        if ld is None:
-            ld = _seq_view(dur_logits, b, tb, ub, off).to(lat)
-            ld = _log_softmax(ld) if fused_log_softmax else ld
-        g_dur = _duration_grad(ld, ob, oe, total, ub, table, fused_log_softmax, grad_scale)
-    # Per blank class, the summed occupation of its arcs (TDT: every blank arc scores
-    # the one blank class): one subtraction per class and chunk.
-    per_class: dict[int, torch.Tensor] = {}
-    for i, c in enumerate(table.blank_tokens):
-        per_class[c] = ob[..., i] if c not in per_class else per_class[c] + ob[..., i]
-    if fused_log_softmax:
-        s = row_sum[b, :tb, : ub + 1]
-        # softmax * occupation = exp(x - m) * (occupation / sum exp(x - m)); HAT's
-        # labels' softmax weighs the emission alone.
-        hat_b = None
-        if table.hat:
-            wt = torch.zeros_like(total)
-            wt[:, :ub] = oe_sum
-            hat_b = (bsig[b, :tb, : ub + 1] * total - ob[..., 0]).to(acc)
-        else:
-            wt = total
-        w = torch.where(s > 0, wt.to(acc) / s, 0.0)
-        half = logits.dtype in (torch.float16, torch.bfloat16)
-        _softmax_grad(g, _seq_view(logits, b, tb, ub, off) if half else None,
-                      _seq_view(grad_rows, b, tb, ub, off) if grad_rows is not None else None,
-                      row_max[b, :tb, : ub + 1], w, hat_b, per_class, idx, oe_tok, table,
-                      grad_scale)
-    else:
-        # The true derivative: minus the occupation of the arcs scoring each entry
-        # (the clamp and the scale act on those values directly).
-        clamp = table.clamp
-        g.zero_()
-        oe_c = oe_tok.clamp(max=clamp) if clamp > 0 else oe_tok
-        for c, o in per_class.items():
-            o = o.clamp(max=clamp) if clamp > 0 else o
-            g[..., c] = -(o * grad_scale).to(g.dtype)
-        oe_c = oe_c * grad_scale
-        if ub:
-            g[:, :ub].scatter_(2, idx.expand(tb, ub, 1), -oe_c[..., None].to(g.dtype))
-    if g_dur is not None:
-        _seq_view(grad_dur, b, tb, ub, off).copy_(g_dur)
-
-
-def _duration_grad(ld, ob, oe, total, ub, table, fused_log_softmax, grad_scale) -> torch.Tensor:
-    """The duration block's gradient ``(T_b, U_b+1, D)``: small, computed whole in float64."""
-    scale = 1.0 + table.fastemit_lambda
-    clamp = table.clamp
-    g_dur = torch.exp(ld) * total[..., None] if fused_log_softmax else torch.zeros_like(ld)
-    for i, a in enumerate(table.blank_arcs):
-        if a.duration_logit is not None:
-            g_dur[..., a.duration_logit] -= ob[..., i]
-    for j, a in enumerate(table.emit_arcs):
-        if a.duration_logit is not None:
-            g_dur[:, :ub, a.duration_logit] -= oe[..., j] * scale if scale != 1.0 else oe[..., j]
-    if clamp > 0:
-        g_dur = g_dur.clamp(-clamp, clamp)
-    if grad_scale != 1.0:
-        g_dur = g_dur * grad_scale
-    return g_dur
-
-
-def _softmax_grad(g, x, gr, m, w, hat_b, per_class, idx, oe_tok, table, grad_scale) -> None:
-    """The token block's gradient of one sequence over chunks of frames:
-    ``exp(x - m) * w`` (``g`` holds ``exp(x - m)``; half inputs: recomputed from ``x``)
-    less the occupations, clamped and scaled. ``gr``: the whole rows ``g`` is a view of."""
-    acc = m.dtype
-    tb, ub, V = g.shape[0], g.shape[1] - 1, table.num_tokens
-    clamp = table.clamp
-    hb = table.blank_arcs[0].token if table.hat else -1
-    for t0, t1 in _chunks(tb, ub, V):
-        if x is not None:
-            gc = gcw = torch.exp(x[t0:t1].to(acc) - m[t0:t1, :, None])
-            gc.mul_(w[t0:t1, :, None])
-        else:
-            # Whole rows where the blocks are views of one joint (the duration
-            # columns are overwritten below).
-            gcw = gr[t0:t1] if gr is not None else g[t0:t1]
-            gcw.mul_(w[t0:t1, :, None].to(gcw.dtype))
-            gc = gcw[..., :V] if gr is not None else gcw
-        if hat_b is not None:
-            gc[..., hb] = hat_b[t0:t1].to(gc.dtype)
-        else:
-            for c, o in per_class.items():
-                gc[..., c] -= o[t0:t1].to(gc.dtype)
-        if ub:
-            gc[:, :ub].scatter_add_(2, idx.expand(t1 - t0, ub, 1),
-                                    -oe_tok[t0:t1, :, None].to(gc.dtype))
-        if clamp > 0:
-            gcw.clamp_(-clamp, clamp)
-        if grad_scale != 1.0:
-            gcw.mul_(grad_scale)
-        if x is not None:
-            g[t0:t1].copy_(gc)

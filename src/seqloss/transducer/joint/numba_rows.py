@@ -163,7 +163,7 @@ def _row_arcs(hat, zb, zy, m, s, lsb, lse, emit, sigma, pen, ab, ae, k):
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe, cls, tg,
-                  scale, clamp, gscale, skip, job):
+                  scale, clamp, gscale, skip, scaled, job):
     """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``), in place
     over the ``exp(x - m)`` the prologue wrote into ``g``:
 
@@ -171,12 +171,14 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
             * gscale
 
     ``ob (B, T, U1, Db)``/``oe (B, T, U1, De)``: arc occupations in ``rs``'s row order
-    (``ro, rst``); blank arc ``i`` scores class ``cls[i]``, every emission arc the
-    label ``tg[b, u]`` (scaled by ``scale``, FastEmit's ``1 + lambda``) on rows
-    ``u < ue[b]``; ``total`` is their sum (float64). ``clamp <= 0``: no clamp. Sequences
-    with ``skip[b]`` are left alone. Products below the smallest normal number are
-    flushed to 0 (a matmul reading subnormals runs many times slower on x86: the joint's
-    backward reads this gradient).
+    (``ro, rst``); blank arc ``i`` scores class ``cls[i]`` (classes may repeat: TDT's
+    blank arcs), every emission arc the label ``tg[b, u]`` (scaled by ``scale``,
+    FastEmit's ``1 + lambda``) on rows ``u < ue[b]``; ``total`` is their sum (float64).
+    ``scaled=False``: the gradient of log-probabilities, ``-occupations`` (the rows of
+    ``g`` are overwritten, whatever they hold; ``rs`` unread). ``clamp <= 0``: no clamp.
+    Sequences with ``skip[b]`` are left alone. Products below the smallest normal number
+    are flushed to 0 (a matmul reading subnormals runs many times slower on x86: the
+    joint's backward reads this gradient).
     """
     b = jb[job]
     if skip[b]:
@@ -190,7 +192,7 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             gr = g0 + t * gs0 + u * gs1
-            _row_grad(g, gr, V, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
+            _row_grad(g, gr, V, scaled, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
                       tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
@@ -252,9 +254,10 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
 
 
 @njit(inline="always", cache=True, error_model="numpy")
-def _row_grad(g, gr, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tiny):
+def _row_grad(g, gr, V, scaled, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, tiny):
     """One row of ``_epilogue_job`` over its ``exp(x - m)`` in ``g[gr : gr + V]``, ``s`` its
-    sum; ``y``: the emission arcs' class, or -1 (no emission out of the row)."""
+    sum (not ``scaled``: the row overwritten, ``s`` unread); ``y``: the emission arcs'
+    class, or -1 (no emission out of the row)."""
     total = 0.0
     for i in range(Db):
         total += obf[k * Db + i]
@@ -266,7 +269,7 @@ def _row_grad(g, gr, V, s, obf, oef, Db, De, k, cls, y, scale, clamp, gscale, ti
     total += oes
     s64 = np.float64(s)
     w = g.dtype.type(total / s64 if s64 > 0 else 0.0)
-    grad_row(g, gr, V, True, w, False, cls, obf, k * Db, Db, y, oes, -1, 0.0, clamp, gscale,
+    grad_row(g, gr, V, scaled, w, False, cls, obf, k * Db, Db, y, oes, -1, 0.0, clamp, gscale,
              tiny)
 
 
@@ -311,8 +314,8 @@ def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, 
                     e = _exp(xrow[v] - m)
                     grow[v] = e
                     s += e
-            _row_grad(g, gr, V, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u, cls,
-                      tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
+            _row_grad(g, gr, V, True, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u,
+                      cls, tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
 
 
 # --------------------------------------------------------------------------- HAT
@@ -551,30 +554,53 @@ class RowPasses:
 
     def epilogue(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
                  tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray, emit_last: bool = False) -> None:
+                 skip: np.ndarray, emit_last: bool = False, *, scaled: bool = True,
+                 window: tuple[int, int, int] | None = None) -> None:
         """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
         (see ``_epilogue_job``; HAT: ``_hat_epilogue_job``); ``g`` may be the logits.
         ``emit_last``: the last row of each sequence has emission arcs too (a tile of a
-        longer lattice)."""
-        jb, j0, j1, cost = self.jobs
+        longer lattice). ``scaled=False``: the gradient of log-probabilities (``g``'s rows
+        overwritten). ``window=(b, t0, t1)``: ``g`` is a contiguous ``(t1 - t0, U_b + 1,
+        V)`` block holding sequence ``b``'s rows of frames ``t0 <= t < t1`` (a temporary:
+        half-precision or strided gradients), the rest as for the whole batch."""
+        jb, j0, j1, cost = self.jobs if window is None else self._window_jobs(*window)
         if not cost:
             return
+        ga = self._addr(g) if window is None else self._window_addr(g, *window)
         tgn, ue = self._targets(tg, emit_last)
+        occ = (ob.contiguous().numpy(), oe.contiguous().numpy())
+        fl = (float(scale), float(clamp), float(gscale), own_lines(skip.astype(np.uint8)))
         if self.hat_blank >= 0:
-            run_jobs(_hat_epilogue_job, (*self._addr(g), self.V, self.hat_blank, jb, j0, j1,
-                                         self.ub1, ue, self.rs, self.ro, self.rst,
-                                         ob.contiguous().numpy(), oe.contiguous().numpy(),
-                                         self.hat_lsb.view(-1).numpy(), tgn, float(scale),
-                                         float(clamp), float(gscale),
-                                         own_lines(skip.astype(np.uint8))),
+            if not scaled:
+                raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
+            run_jobs(_hat_epilogue_job, (*ga, self.V, self.hat_blank, jb, j0, j1, self.ub1, ue,
+                                         self.rs, self.ro, self.rst, *occ,
+                                         self.hat_lsb.view(-1).numpy(), tgn, *fl),
                      range(len(cost)), order=cost)
             return
-        run_jobs(_epilogue_job, (*self._addr(g), self.V, jb, j0, j1, self.ub1, ue,
-                                 self.rs, self.ro, self.rst,
-                                 ob.contiguous().numpy(), oe.contiguous().numpy(),
-                                 own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
-                                 float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
+        run_jobs(_epilogue_job, (*ga, self.V, jb, j0, j1, self.ub1, ue, self.rs, self.ro,
+                                 self.rst, *occ, own_lines(np.asarray(cls, np.int64)), tgn, *fl,
+                                 bool(scaled)),
                  range(len(cost)), order=cost)
+
+    def _window_jobs(self, b: int, t0: int, t1: int) -> tuple:
+        """``self.jobs`` for sequence ``b``'s frames ``t0 <= t < t1`` alone."""
+        jb, j0, j1, cost = _jobs([t1 - t0], [self.Ul[b]], self.V)
+        n = len(cost)
+        jb[:n] = b
+        j0[:n] += t0
+        j1[:n] += t0
+        return jb, j0, j1, cost
+
+    def _window_addr(self, g: torch.Tensor, b: int, t0: int, t1: int) -> tuple:
+        """``_addr`` of a contiguous block of sequence ``b``'s rows from frame ``t0``: its
+        row ``(t, u)`` at ``(t - t0) (U_b + 1) V + u V`` (the other sequences unread)."""
+        i64 = np.int64
+        B, st = len(self.Tl), (self.Ul[b] + 1) * self.V
+        o = np.zeros(B, i64)
+        o[b] = -t0 * st  # rows t >= t0 only: every index formed is >= 0
+        return (g.view(-1).numpy(), own_lines(o), own_lines(np.full(B, st, i64)),
+                own_lines(np.full(B, self.V, i64)))
 
     def _targets(self, tg: torch.Tensor, emit_last: bool) -> tuple[np.ndarray, np.ndarray]:
         tgn = np.ascontiguousarray(tg.numpy().astype(np.int64))
