@@ -633,8 +633,8 @@ def test_exp_special_values(dtype, below):
 
 @pytest.fixture(autouse=True)
 def rows_everywhere(monkeypatch):
-    """The row passes for every width here (by default only rows of >= 512 classes for
-    RNN-T, >= 128 for the many-arc tables)."""
+    """The row passes for every width here (by default only rows of >= 16 classes in the
+    joint, >= 512 in from_joint's tiles)."""
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 1)
     monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 1)
 
@@ -865,8 +865,8 @@ def test_row_passes_against_chunked_torch_ops(monkeypatch, case):
 
 @numba_only
 def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
-    # RNN-T from 512 classes (below, torch's chunked ops measured faster); the many-arc
-    # tables (multi-blank, TDT) from their own width (16 by default; 128 here).
+    # Every table from the joint's own width (16 by default; 128 here), whatever
+    # from_joint's tiles take (MIN_ROW_WIDTH: 512 by default).
     monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 512)
     monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 128)
     calls = []
@@ -882,7 +882,7 @@ def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
         _loss_grad(x, tg, il, tl, backend="numba")
         seqloss.multiblank_rnnt_loss(x.requires_grad_(), tg % (V - 3) + 1, il, tl, blank=V - 1,
                                      big_blank_durations=[2], backend="numba").backward()
-    assert calls == [128, 511, 512, 512]
+    assert calls == [128, 128, 511, 511, 512, 512]
 
 
 # ------------------------------------------------------------------ Numba: one row epilogue
@@ -920,7 +920,7 @@ def test_every_epilogue_against_the_reference(monkeypatch, kind, dtype, fused, l
     if kind == "hat" and (not fused or (layout == "inplace" and not half)):
         pytest.skip("a 'hat' table takes raw logits; its row passes (float32/float64 at unit "
                     "stride) write no gradient over them")
-    monkeypatch.setattr(numba_rows, "MIN_ROW_WIDTH", 10**9)  # torch's chunked prologue
+    monkeypatch.setattr(numba_cpu, "TABLE_MIN_ROW_WIDTH", 10**9)  # torch's chunked prologue
     table = _epilogue_table(kind)
     x, tg, il, tl = _inputs(table, seed=len(kind) + 7 * fused, fused=fused)
     xh = x.to(dtype)

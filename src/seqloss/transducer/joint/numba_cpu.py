@@ -8,13 +8,13 @@ block through views of their own (``_forward``), so TDT's pair of tensors is nev
 concatenated.
 
 Where the time goes: the loss is bound by one ``exp`` per logit and by memory traffic.
-For float32/float64 rows of at least ``numba_rows.MIN_ROW_WIDTH`` classes (RNN-T's
-table) or ``TABLE_MIN_ROW_WIDTH`` (the many-arc tables) the prologue's passes run row by
-row in Numba (``numba_rows``: a vectorized ``exp``, each row read from memory once per
-pass, many jobs on the shared pool); every other case takes torch's ops over chunks of
-frames for the prologue, each chunk staying in cache between its passes
-(benchmarks/RESULTS.md has the measurements behind both widths). The epilogue is Numba's
-row jobs everywhere.
+For float32/float64 logits at unit stride, rows of at least ``TABLE_MIN_ROW_WIDTH``
+classes (HAT's: any), the prologue's passes run row by row in Numba (``numba_rows``: a
+vectorized ``exp``, each row read from memory once per pass, many jobs on the shared
+pool); the other cases (half precision, log-probabilities, a caller's gradient buffer
+for the many-arc tables, other layouts) take torch's ops over chunks of frames for the
+prologue, each chunk staying in cache between its passes (benchmarks/RESULTS.md has the
+measurements behind the widths). The epilogue is Numba's row jobs everywhere.
 The ``(B, T, U+1)`` lattice runs in Numba: one GIL-free function per
 (sequence, direction) or sequence, on the shared thread pool
 (:func:`seqloss._core.numba_pool.run_jobs`: fork-safe, the same result whatever the
@@ -28,9 +28,9 @@ epilogue instead, one read of the logits for a write and a read of the buffer, m
 10-20% slower). Every gradient row, token or duration block, is written by one row
 epilogue, ``numba_rows.grad_row``: called by the row jobs (``RowPasses.epilogue``) for
 the ``_forward`` path and by the lattice kernel for the many-arc tables' compact path.
-Half-precision gradients, and those whose classes are not at unit stride, go through
-chunk-sized float32/float64 temporaries (a half buffer is too coarse to hold the
-exponentials: they are recomputed there, a second ``exp`` pass), cast in once.
+Half-precision gradients go through chunk-sized float32 temporaries (a half buffer is too
+coarse to hold the exponentials: they are recomputed there, a second ``exp`` pass), cast
+in once.
 """
 
 from __future__ import annotations
@@ -54,10 +54,15 @@ NAN = float("nan")
 # Elements per chunk of a sequence's logits (16 MiB in float32, within L3): a chunk written by
 # one pass is still in cache for the next (L2/L3-sized on current x86 parts).
 CHUNK_ELEMS = 1 << 22
-# Many-arc tables (multi-blank, TDT): token rows at least this wide (one vector of the
-# row maximum's lanes) take the Numba row prologue (see ``_forward_table``); narrower
-# ones torch's chunked ops. It won at every width measured down to 32 (TDT, 2 threads:
-# V = 128 -> 123 token classes 36.6 / 30.4 ms against 45.5 / 34.5 with torch's passes).
+# Token rows at least this wide (one vector of the row maximum's lanes) take the Numba
+# row prologue, for every table (HAT's at any width: ``_row_prologue``); narrower ones
+# torch's chunked ops. It won at every width measured: the many-arc tables down to 32
+# (TDT, 2 threads: V = 128 -> 123 token classes 36.6 / 30.4 ms against 45.5 / 34.5 with
+# torch's passes); RNN-T, once its epilogue was Numba's row jobs at every width too
+# (B4-T200-U50, joint_loss_forward, row prologue / torch's: 2 threads V = 16 0.61, 32
+# 0.78, 64 0.79, 128 0.63, 256 0.72, 511 0.79; 1 thread V = 16 0.87, 32 0.89, 128 0.83,
+# 256 0.91), where torch's prologue left its OpenMP worker spinning through the lattice
+# and the epilogue on the pool's (V = 128: the lattice 2.1 -> 3.5 ms).
 TABLE_MIN_ROW_WIDTH = 16
 
 
@@ -88,24 +93,30 @@ def _chunks(tb: int, ub: int, V: int):
 # few numbers per state).
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _duration_row(gd, d0, sd, t, u, p, od, dcls, fused, total, clamp, gscale, tiny):
-    """The duration block's gradient row ``gd[d0 : d0 + D]`` of state ``(t, u)``:
-    ``grad_row`` over a float64 scratch row ``p`` holding the ``D`` duration
-    probabilities ``exp(sd[t, u])`` (``fused``), ``total`` the state's occupancy,
-    ``od[k]`` the occupation of its arcs taking duration ``k`` (``dcls = 0 .. D - 1``),
-    then stored in ``gd``'s dtype. The token rows' formula with the block's own
-    normalizer; in float64 (``D`` numbers a row), rounded once. The exp in ``gd``'s
-    dtype (float32: twice as fast; a relative error of eps in one term, where the
-    lattice's scores are exact)."""
-    D = p.shape[0]
+@njit(cache=True, nogil=True)
+def _duration_rows(gd, r0, Wd, cd, sd, t, n, od, tot, p, cls, fused, clamp, gscale, tiny):
+    """The duration block's gradient rows of states ``(t, u)``, ``u < n``, starting at
+    ``gd[(r0 + u) Wd + cd]``: ``grad_row`` with the block's own normalizer, over the
+    frame's ``n D`` entries at once (the ``D`` classes of each state, ``cls = 0 .. n D -
+    1``), in a float64 scratch ``p``: ``exp(sd[t, u]) tot[u]`` (``fused``: the duration
+    softmax times the state's occupancy, ``w = 1``), minus the occupations ``od[u D + k]``
+    of the state's arcs taking duration ``k``; then stored in ``gd``'s dtype (``D``
+    numbers a row: float64, rounded once). The exp in ``gd``'s dtype (float32: twice as
+    fast; a relative error of eps in one term, where the lattice's scores are exact).
+    A function of its own: inlined into the lattice kernel's loop over the states, a
+    second ``grad_row`` there cost its token rows 25-30% (multi-blank B4-T200-U50-V256),
+    and one call per state 10% (TDT, ``D = 5``)."""
+    D = sd.shape[2]
     if fused:
+        for u in range(n):
+            for k in range(D):
+                p[u * D + k] = np.float64(math.exp(gd.dtype.type(sd[t, u, k]))) * tot[u]
+    grad_row(p, 0, n * D, fused, 1.0, False, cls, od, 0, n * D, -1, 0.0, -1, 0.0, clamp,
+             gscale, tiny)
+    for u in range(n):
+        d0 = (r0 + u) * Wd + cd
         for k in range(D):
-            p[k] = np.float64(math.exp(gd.dtype.type(sd[t, u, k])))
-    grad_row(p, 0, D, fused, total, False, dcls, od, 0, D, -1, 0.0, -1, 0.0, clamp, gscale,
-             tiny)
-    for k in range(D):
-        gd[d0 + k] = p[k]
+            gd[d0 + k] = p[u * D + k]
 
 
 @njit(cache=True, nogil=True)
@@ -215,7 +226,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     The gradient row of state ``(t, u)`` is written where row ``base[b] + t st[b] + u``
     starts: ``gt[r Wt : r Wt + V]`` (token block, holding ``exp(x - m)`` when ``fused``)
     and ``gd[r Wd + cd : ... + D]`` (duration block), both by ``grad_row`` (the
-    duration row through ``_duration_row``): ``softmax * total - occupations`` per
+    duration rows through ``_duration_rows``): ``softmax * total - occupations`` per
     block (``-occupations`` if not ``fused``), clamped to ``[-clamp, clamp]`` when
     ``clamp > 0``, then times ``gscale``. ``rs``: the token rows' ``sum exp(x - m)``.
     Sequences with ``skip[b]`` (NaN logits) and without a path get no row written.
@@ -248,9 +259,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     # are finite or -inf here: a NaN/+inf sequence is skipped, -inf gives exactly 0).
     occ = np.zeros((Db + De, Ub + 1), dtype=np.float64)
     oc = np.empty(nu, dtype=np.float64)
-    od = np.empty(max(D, 1), dtype=np.float64)
-    pd = np.empty(D, dtype=np.float64)  # the duration row's scratch
-    dcls = np.arange(D)
+    od = np.empty((Ub + 1) * D, dtype=np.float64)  # per state of the frame, per duration
+    tot = np.empty(Ub + 1, dtype=np.float64)  # the frame's state occupancies
+    pd, dcls = np.empty((Ub + 1) * D, dtype=np.float64), np.arange((Ub + 1) * D)
     for t in range(Tb - 1, -1, -1):
         a = alpha[t]
         for i in range(Db):
@@ -284,8 +295,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             oe = 0.0
             for k in range(nu):
                 oc[k] = 0.0
+            d0 = u * D
             for k in range(D):
-                od[k] = 0.0
+                od[d0 + k] = 0.0
             # Every value of the state's gradient row is at most its occupancy
             # exp(alpha + beta - ll) times (1 + lambda): at or below ``tiny`` (halved,
             # against rounding) the whole row rounds to 0, as computed in full.
@@ -294,14 +306,15 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                     o = occ[i, u]
                     oc[bcol[i]] += o
                     if bdl[i] >= 0:
-                        od[bdl[i]] += o
+                        od[d0 + bdl[i]] += o
                     total += o
                 for j in range(De):
                     o = occ[Db + j, u]
                     oe += o
                     if edl[j] >= 0:
-                        od[edl[j]] += o
+                        od[d0 + edl[j]] += o
                     total += o
+            tot[u] = total
             r = base[b] + t * st[b] + u
             w = gt.dtype.type(0.0)  # not fused: the gradient of log-probabilities
             if fused:
@@ -321,8 +334,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             # microcode assist a subnormal result costs (rows of improbable states).
             grad_row(gt, r * Wt, V, fused, w, True, uniq, oc, 0, nu, tg[b, u] if u < Ub else -1,
                      oe, -1, 0.0, clamp, gscale, tiny)
-            _duration_row(gd, r * Wd + cd, sdb, t, u, pd, od, dcls, fused, total, clamp, gscale,
-                          tiny)
+        if D:
+            _duration_rows(gd, base[b] + t * st[b], Wd, cd, sdb, t, Ub + 1, od, tot, pd, dcls,
+                           fused, clamp, gscale, tiny)
 
 
 # Half the least subnormal of the gradient's dtype: a magnitude at or below it rounds to 0.
@@ -682,7 +696,7 @@ def _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax, row_
     # HAT's rows at any width (torch's ops would take the blank out of each row by a copy).
     if not (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
             and rows_ok(table.num_tokens, logits, *(() if grad is None else (grad,)),
-                        min_width=2 if table.hat else None)):
+                        min_width=2 if table.hat else TABLE_MIN_ROW_WIDTH)):
         return None, None
     passes = RowPasses(logits, Tl, Ul, offs, table.num_tokens, row_max, row_sum,
                        hat_blank=table.blank_arcs[0].token if table.hat else -1)
@@ -700,16 +714,15 @@ def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softma
     """The epilogue: every gradient row by ``numba_rows.grad_row``, zero on padding and for
     a sequence without a path, NaN for a bad one. The token block: ``passes``' epilogue
     jobs in place over the ``exp(x - m)`` the prologue wrote into ``grad``, or over
-    chunk-sized temporaries where ``grad`` is not theirs to address (half precision,
-    classes not at unit stride: ``_chunked_epilogue``); the duration block:
-    ``_duration_grads``."""
+    float32 chunk temporaries for a half-precision one (``_chunked_epilogue``); the
+    duration block: ``_duration_grads``."""
     llist = ll.tolist()
-    B, V = len(Tl), table.num_tokens
+    B = len(Tl)
     nan = np.asarray(bad, dtype=np.uint8)
     skip = np.asarray([bad[b] or llist[b] == NEG_INF for b in range(B)], dtype=np.uint8)
     args = (occ_b, occ_e, list(table.blank_tokens), tg, 1.0 + table.fastemit_lambda,
             table.clamp, grad_scale, skip)
-    if rows_ok(V, grad, min_width=1):
+    if grad.dtype in (torch.float32, torch.float64):
         passes.epilogue(grad, *args, scaled=fused_log_softmax)
     else:
         _chunked_epilogue(passes, logits, grad, passes.row_max, Tl, Ul, offs, fused_log_softmax,
@@ -724,18 +737,16 @@ def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softma
 
 def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_softmax,
                       args) -> None:
-    """``passes.epilogue`` over contiguous chunks of frames in the accumulation dtype,
-    copied into ``grad``: a half-precision gradient (its buffer too coarse to have held
-    ``exp(x - m)``, which is recomputed from the logits here) or one whose classes are
-    not at unit stride (its ``exp(x - m)`` copied in). ``args``: the epilogue's."""
-    acc = row_max.dtype
-    half = logits.dtype in (torch.float16, torch.bfloat16)
+    """``passes.epilogue`` for a half-precision gradient: over contiguous float32 chunks of
+    frames, cast into ``grad`` (its buffer was too coarse to hold ``exp(x - m)``, which
+    is recomputed from the logits here; Numba has no half type). ``args``: the
+    epilogue's."""
     V, skip = passes.V, args[-1]
     live = [b for b in range(len(Tl)) if Tl[b] and not skip[b]]
     # One scratch for every chunk (fresh pages for each would be faults).
     n = max((min(tb, max(1, CHUNK_ELEMS // ((ub + 1) * V))) * (ub + 1) * V
              for tb, ub in ((Tl[b], Ul[b]) for b in live)), default=0)
-    work = torch.empty(n, dtype=acc)
+    work = torch.empty(n, dtype=torch.float32)
     for b in live:
         tb, ub = Tl[b], Ul[b]
         g = _seq_view(grad, b, tb, ub, offs[b])
@@ -743,9 +754,7 @@ def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_sof
         for t0, t1 in _chunks(tb, ub, V):
             e = work[: (t1 - t0) * (ub + 1) * V].view(t1 - t0, ub + 1, V)
             if fused_log_softmax:
-                e.copy_(x[t0:t1] if half else g[t0:t1])
-                if half:
-                    e.sub_(row_max[b, t0:t1, : ub + 1, None]).exp_()
+                e.copy_(x[t0:t1]).sub_(row_max[b, t0:t1, : ub + 1, None]).exp_()
             passes.epilogue(e, *args, scaled=fused_log_softmax, window=(b, t0, t1))
             g[t0:t1].copy_(e)
 
@@ -756,32 +765,33 @@ def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale
     """Sequence ``b = job``'s duration gradient rows ``gd[b, t, u] (B, T, U1, D)`` from its
     duration log-probs ``sd`` (raw values if not ``fused``) and arc occupations ``ob``/``oe``
     (``(B, T, U1, Db/De)``; emissions on rows ``u < U_b``, times ``scale``), by
-    ``_duration_row``. ``bdl``/``edl``: each arc's duration column, -1 for none."""
+    ``_duration_rows``. ``bdl``/``edl``: each arc's duration column, -1 for none."""
     b = job
     if skip[b]:
         return
     _, T, U1, D = gd.shape
-    Db, De = ob.shape[3], oe.shape[3]
+    Db, De, n = ob.shape[3], oe.shape[3], Ul[b] + 1
     gdf, sdb = gd.reshape(-1), sd[b]
-    pd = np.empty(D, dtype=np.float64)
-    od = np.empty(D, dtype=np.float64)
-    dcls = np.arange(D)
+    od = np.empty(n * D, dtype=np.float64)
+    tot = np.empty(n, dtype=np.float64)
+    p, cls = np.empty(n * D, dtype=np.float64), np.arange(n * D)
     for t in range(Tl[b]):
-        for u in range(Ul[b] + 1):
-            od[:] = 0.0
+        od[:] = 0.0
+        for u in range(n):
             total = 0.0
             for i in range(Db):
                 o = np.float64(ob[b, t, u, i])
                 total += o
                 if bdl[i] >= 0:
-                    od[bdl[i]] += o
-            for j in range(De if u < Ul[b] else 0):
+                    od[u * D + bdl[i]] += o
+            for j in range(De if u < n - 1 else 0):
                 o = np.float64(oe[b, t, u, j]) * scale
                 total += o
                 if edl[j] >= 0:
-                    od[edl[j]] += o
-            _duration_row(gdf, ((b * T + t) * U1 + u) * D, sdb, t, u, pd, od, dcls, fused,
-                          total, clamp, gscale, tiny)
+                    od[u * D + edl[j]] += o
+            tot[u] = total
+        _duration_rows(gdf, (b * T + t) * U1, D, 0, sdb, t, n, od, tot, p, cls, fused, clamp,
+                       gscale, tiny)
 
 
 def _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_softmax,

@@ -162,8 +162,8 @@ def _row_arcs(hat, zb, zy, m, s, lsb, lse, emit, sigma, pen, ab, ae, k):
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe, cls, tg,
-                  scale, clamp, gscale, skip, scaled, job):
+def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe, cls, tg, scale,
+                  clamp, gscale, skip, job):
     """The fused gradient of rows ``(t, u)`` of job ``job`` (see ``_prologue_job``), in place
     over the ``exp(x - m)`` the prologue wrote into ``g``:
 
@@ -174,11 +174,9 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
     (``ro, rst``); blank arc ``i`` scores class ``cls[i]`` (classes may repeat: TDT's
     blank arcs), every emission arc the label ``tg[b, u]`` (scaled by ``scale``,
     FastEmit's ``1 + lambda``) on rows ``u < ue[b]``; ``total`` is their sum (float64).
-    ``scaled=False``: the gradient of log-probabilities, ``-occupations`` (the rows of
-    ``g`` are overwritten, whatever they hold; ``rs`` unread). ``clamp <= 0``: no clamp.
-    Sequences with ``skip[b]`` are left alone. Products below the smallest normal number
-    are flushed to 0 (a matmul reading subnormals runs many times slower on x86: the
-    joint's backward reads this gradient).
+    ``clamp <= 0``: no clamp. Sequences with ``skip[b]`` are left alone. Products below
+    the smallest normal number are flushed to 0 (a matmul reading subnormals runs many
+    times slower on x86: the joint's backward reads this gradient).
     """
     b = jb[job]
     if skip[b]:
@@ -192,8 +190,70 @@ def _epilogue_job(g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe
         for u in range(ub1[b]):
             k = r0 + t * rs0 + u
             gr = g0 + t * gs0 + u * gs1
-            _row_grad(g, gr, V, scaled, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
+            _row_grad(g, gr, V, True, rs[k], obf, oef, ob.shape[3], oe.shape[3], k, cls,
                       tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _epilogue_any_job(g, go, gst, gsu, gsv, V, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob, oe, cls,
+                      tg, scale, clamp, gscale, skip, scaled, job):
+    """``_epilogue_job`` where ``g``'s classes lie ``gsv`` apart (``_gather``) or, not
+    ``scaled``, for log-probabilities: ``-occupations`` (the rows of ``g`` overwritten,
+    whatever they hold; ``rs`` unread). A job of its own: these run-time choices in
+    ``_epilogue_job``'s loop (or one loop body for both, inlined) cost it 3-5% (V = 1024).
+    """
+    b = jb[job]
+    if skip[b]:
+        return
+    obf = ob.reshape(-1)
+    oef = oe.reshape(-1)
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    tiny = np.finfo(g.dtype).tiny
+    Db, De = ob.shape[3], oe.shape[3]
+    if gsv == 1:
+        for t in range(jt0[job], jt1[job]):
+            for u in range(ub1[b]):
+                k = r0 + t * rs0 + u
+                _row_grad(g, g0 + t * gs0 + u * gs1, V, scaled, rs[k], obf, oef, Db, De, k, cls,
+                          tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
+        return
+    sc = np.empty(_BLOCK * (V + _PAD), g.dtype)
+    for t in range(jt0[job], jt1[job]):
+        for u0 in range(0, ub1[b], _BLOCK):
+            n = min(_BLOCK, ub1[b] - u0)
+            _gather(g, g0 + t * gs0 + u0 * gs1, gs1, gsv, V, n, sc)
+            for u in range(u0, u0 + n):
+                k = r0 + t * rs0 + u
+                _row_grad(sc, (u - u0) * (V + _PAD), V, scaled, rs[k], obf, oef, Db, De, k, cls,
+                          tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
+            _scatter(g, g0 + t * gs0 + u0 * gs1, gs1, gsv, V, n, sc)
+
+
+# Rows whose classes are not at unit stride (``gsv`` > 1) are gathered ``_BLOCK`` at a time
+# into a scratch of rows ``V + _PAD`` apart (a power-of-two pitch maps a block's rows to
+# one L1 set).
+_BLOCK = 16
+_PAD = 16
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _gather(g, gr, su, sv, V, n, sc):
+    """Rows ``gr + i su`` (``i < n``) of ``g``, classes ``sv`` apart, into the scratch rows
+    ``sc[i (V + _PAD) :]`` for ``grad_row``. Class by class, the block's rows in turn: in
+    the usual such layouts (classes outermost, ``su = 1``) each line of ``g`` is read
+    once, whole."""
+    for v in range(V):
+        for i in range(n):
+            sc[i * (V + _PAD) + v] = g[gr + i * su + v * sv]
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _scatter(g, gr, su, sv, V, n, sc):
+    """``_gather``'s scratch rows back into ``g``."""
+    for v in range(V):
+        for i in range(n):
+            g[gr + i * su + v * sv] = sc[i * (V + _PAD) + v]
 
 
 @njit(inline="always", cache=True, error_model="numpy")
@@ -408,6 +468,7 @@ def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, 
     none = np.empty(0, np.int64)
     for t in range(jt0[job], jt1[job]):
         for u in range(ub1[b]):
+            # the row's body written out: _hat_row here cost the job 7-20%
             k = r0 + t * rs0 + u
             o_b = np.float64(obf[k])
             oes = np.float64(oef[k]) * scale if u < ub else 0.0
@@ -419,6 +480,45 @@ def _hat_epilogue_job(g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, 
                      blank, gb, clamp, gscale, tiny)
 
 
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _hat_epilogue_any_job(g, go, gst, gsu, gsv, V, blank, jb, jt0, jt1, ub1, ue, rs, ro, rst, ob,
+                          oe, lsb, tg, scale, clamp, gscale, skip, job):
+    """``_hat_epilogue_job`` where ``g``'s classes lie ``gsv`` > 1 apart (``_gather``)."""
+    b = jb[job]
+    if skip[b]:
+        return
+    ub = ue[b]
+    obf = ob.reshape(-1)
+    oef = oe.reshape(-1)
+    lsf = lsb.reshape(-1)
+    g0, gs0, gs1 = go[b], gst[b], gsu[b]
+    r0, rs0 = ro[b], rst[b]
+    tiny = np.finfo(g.dtype).tiny
+    none = np.empty(0, np.int64)
+    sc = np.empty(_BLOCK * (V + _PAD), g.dtype)
+    for t in range(jt0[job], jt1[job]):
+        for u0 in range(0, ub1[b], _BLOCK):
+            n = min(_BLOCK, ub1[b] - u0)
+            _gather(g, g0 + t * gs0 + u0 * gs1, gs1, gsv, V, n, sc)
+            for u in range(u0, u0 + n):
+                _hat_row(sc, (u - u0) * (V + _PAD), V, blank, r0 + t * rs0 + u, u < ub, obf, oef,
+                         lsf, rs, none, tg[b, u] if u < ub else -1, scale, clamp, gscale, tiny)
+            _scatter(g, g0 + t * gs0 + u0 * gs1, gs1, gsv, V, n, sc)
+
+
+@njit(inline="always", cache=True, error_model="numpy")
+def _hat_row(g, gr, V, blank, k, emit, obf, oef, lsf, rs, none, y, scale, clamp, gscale, tiny):
+    """``_hat_epilogue_job``'s row body over ``g[gr : gr + V]`` (for the scratch rows of
+    ``_hat_epilogue_any_job``): row ``k`` of the occupations (``none``: an empty class
+    list)."""
+    o_b = np.float64(obf[k])
+    oes = np.float64(oef[k]) * scale if emit else 0.0
+    s = np.float64(rs[k])
+    w = g.dtype.type(oes / s if s > 0 else 0.0)
+    gb = math.exp(lsf[k]) * (o_b + oes) - o_b
+    grad_row(g, gr, V, True, w, False, none, obf, 0, 0, y, oes, blank, gb, clamp, gscale, tiny)
+
+
 # --------------------------------------------------------------------------- drivers
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A 1-D numpy view of ``t``'s storage from its first element to its last (any strides)."""
@@ -428,14 +528,19 @@ def _flat(t: torch.Tensor) -> np.ndarray:
     return torch.as_strided(t, (span,), (1,)).numpy()
 
 
-# Rows narrower than this take torch's ops over chunks instead. Measured with
-# benchmarks/bench_rnnt.py (RNN-T, x one torch.logsumexp pass, old -> row passes): at
-# V = 1024 1.19 -> 1.10 (1 thread) and 1.21-1.23 -> 1.11-1.22 (2 threads); at V = 256
-# 1.28 -> 1.40 and 1.39-1.57 -> 1.68-1.75, V = 128 1.54 -> 1.61: a short row's fixed
-# costs (slices, the lane maxima, the occupation sums) outweigh the faster exp, and at 2
-# threads the pool's worker shares its core with torch's still-spinning OpenMP worker
-# (with OMP_WAIT_POLICY=passive the row passes win at every size: 1.50 -> 1.34-1.45,
-# 1.23-1.26 -> 1.09-1.11, 1.69-1.72 -> 1.45-1.54).
+# Rows narrower than this take torch's ops over chunks instead in
+# ``transducer.from_joint``'s tiles (the Numba joint has its own width,
+# ``numba_cpu.TABLE_MIN_ROW_WIDTH``). Measured with benchmarks/bench_rnnt.py (RNN-T, x
+# one torch.logsumexp pass, old -> row passes): at V = 1024 1.19 -> 1.10 (1 thread) and
+# 1.21-1.23 -> 1.11-1.22 (2 threads); at V = 256 1.28 -> 1.40 and 1.39-1.57 -> 1.68-1.75,
+# V = 128 1.54 -> 1.61: a short row's fixed costs (slices, the lane maxima, the
+# occupation sums) outweigh the faster exp, and at 2 threads the pool's worker shares
+# its core with torch's still-spinning OpenMP worker (with OMP_WAIT_POLICY=passive the
+# row passes win at every size: 1.50 -> 1.34-1.45, 1.23-1.26 -> 1.09-1.11, 1.69-1.72 ->
+# 1.45-1.54). Since the joint's epilogue runs here at every width, the joint's passes
+# are all Numba's and win at every width (see TABLE_MIN_ROW_WIDTH); from_joint's tiles,
+# with the joint's own torch ops between them, not (rnnt_loss_from_joint B8-T150-U40-H256,
+# 2 threads, this width lowered to 1: V = 32 1.35x the time, V = 128 1.02x, V = 256 1.00x).
 MIN_ROW_WIDTH = 512
 
 
@@ -559,28 +664,32 @@ class RowPasses:
         """The gradient into ``g``, whose rows hold ``exp(x - m)`` from ``prologue(g)``
         (see ``_epilogue_job``; HAT: ``_hat_epilogue_job``); ``g`` may be the logits.
         ``emit_last``: the last row of each sequence has emission arcs too (a tile of a
-        longer lattice). ``scaled=False``: the gradient of log-probabilities (``g``'s rows
-        overwritten). ``window=(b, t0, t1)``: ``g`` is a contiguous ``(t1 - t0, U_b + 1,
-        V)`` block holding sequence ``b``'s rows of frames ``t0 <= t < t1`` (a temporary:
-        half-precision or strided gradients), the rest as for the whole batch."""
+        longer lattice). ``g``'s classes may lie at any stride. ``scaled=False``: the
+        gradient of log-probabilities (``g``'s rows overwritten). ``window=(b, t0, t1)``:
+        ``g`` is a contiguous ``(t1 - t0, U_b + 1, V)`` block holding sequence ``b``'s rows
+        of frames ``t0 <= t < t1`` (a float32 temporary of a half-precision gradient), the
+        rest as for the whole batch."""
         jb, j0, j1, cost = self.jobs if window is None else self._window_jobs(*window)
         if not cost:
             return
         ga = self._addr(g) if window is None else self._window_addr(g, *window)
+        gsv = g.stride(-1) if g.shape[-1] > 1 else 1
         tgn, ue = self._targets(tg, emit_last)
         occ = (ob.contiguous().numpy(), oe.contiguous().numpy())
         fl = (float(scale), float(clamp), float(gscale), own_lines(skip.astype(np.uint8)))
         if self.hat_blank >= 0:
             if not scaled:
                 raise ValueError("a 'hat' table takes raw logits (fused_log_softmax=True)")
-            run_jobs(_hat_epilogue_job, (*ga, self.V, self.hat_blank, jb, j0, j1, self.ub1, ue,
-                                         self.rs, self.ro, self.rst, *occ,
-                                         self.hat_lsb.view(-1).numpy(), tgn, *fl),
+            job, ga = ((_hat_epilogue_job, ga) if gsv == 1
+                       else (_hat_epilogue_any_job, (*ga, gsv)))
+            run_jobs(job, (*ga, self.V, self.hat_blank, jb, j0, j1, self.ub1, ue, self.rs,
+                           self.ro, self.rst, *occ, self.hat_lsb.view(-1).numpy(), tgn, *fl),
                      range(len(cost)), order=cost)
             return
-        run_jobs(_epilogue_job, (*ga, self.V, jb, j0, j1, self.ub1, ue, self.rs, self.ro,
-                                 self.rst, *occ, own_lines(np.asarray(cls, np.int64)), tgn, *fl,
-                                 bool(scaled)),
+        job, ga, last = ((_epilogue_job, ga, ()) if gsv == 1 and scaled
+                         else (_epilogue_any_job, (*ga, gsv), (bool(scaled),)))
+        run_jobs(job, (*ga, self.V, jb, j0, j1, self.ub1, ue, self.rs, self.ro, self.rst, *occ,
+                       own_lines(np.asarray(cls, np.int64)), tgn, *fl, *last),
                  range(len(cost)), order=cost)
 
     def _window_jobs(self, b: int, t0: int, t1: int) -> tuple:
