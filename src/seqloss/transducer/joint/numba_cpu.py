@@ -657,12 +657,17 @@ def _forward(
     # The duration log-probs (float64), kept for the epilogue: the duration gradient
     # may be written over the duration logits.
     sd = torch.empty((B, T, U1, D), dtype=torch.float64) if D else None
+    work = None
     if passes is None:
         # torch's chunked passes for the prologue; the epilogue is the row jobs' all the same
         passes = RowPasses(logits, Tl, Ul, offs, table.num_tokens, row_max, row_sum,
                            hat_blank=table.blank_arcs[0].token if table.hat else -1)
+        # A half-precision buffer is too coarse to hold exp(x - m): a chunk's scratch
+        # instead (without a gradient too), for the prologue and the epilogue.
+        work = (_scratch(Tl, Ul, table.num_tokens, acc)
+                if grad is None or logits.dtype in (torch.float16, torch.bfloat16) else None)
         gathered = _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax,
-                             grad, row_max, row_sum, sd)
+                             grad, row_max, row_sum, sd, work)
         bad = _arc_scores(gathered, Tl, Ul, table, fused_log_softmax, row_max, row_sum,
                           passes.hat_lsb, sd, arc_blank, arc_emit)
         del gathered
@@ -683,7 +688,7 @@ def _forward(
 
     # ---- epilogue: occupations -> gradient, in the buffer holding exp(x - m)
     _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softmax, grad_scale,
-               ll, occ_b, occ_e, bad, passes, sd)
+               ll, occ_b, occ_e, bad, passes, sd, work)
     return loss
 
 
@@ -710,7 +715,7 @@ def _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax, row_
 
 
 def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softmax, grad_scale,
-               ll, occ_b, occ_e, bad, passes, sd) -> None:
+               ll, occ_b, occ_e, bad, passes, sd, work) -> None:
     """The epilogue: every gradient row by ``numba_rows.grad_row``, zero on padding and for
     a sequence without a path, NaN for a bad one. The token block: ``passes``' epilogue
     jobs in place over the ``exp(x - m)`` the prologue wrote into ``grad``, or over
@@ -726,7 +731,7 @@ def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softma
         passes.epilogue(grad, *args, scaled=fused_log_softmax)
     else:
         _chunked_epilogue(passes, logits, grad, passes.row_max, Tl, Ul, offs, fused_log_softmax,
-                          args)
+                          args, work)
     grads = (grad,)
     if grad_dur is not None:
         _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_softmax,
@@ -735,20 +740,17 @@ def _gradients(logits, grad, grad_dur, tg, Tl, Ul, offs, table, fused_log_softma
     _fill_grads(grads, llist, nan, Tl, Ul, offs, logits.dim() == 2)
 
 
-def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_softmax,
-                      args) -> None:
-    """``passes.epilogue`` for a half-precision gradient: over contiguous float32 chunks of
-    frames, cast into ``grad`` (its buffer was too coarse to hold ``exp(x - m)``, which
-    is recomputed from the logits here; Numba has no half type). ``args``: the
-    epilogue's."""
+def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_softmax, args,
+                      work) -> None:
+    """``passes.epilogue`` for a half-precision gradient: over chunks of frames in the
+    float32 scratch ``work`` (``_scratch``), cast into ``grad`` (its buffer was too coarse
+    to hold ``exp(x - m)``, which is recomputed from the logits here; Numba has no half
+    type). ``args``: the epilogue's."""
     V, skip = passes.V, args[-1]
-    live = [b for b in range(len(Tl)) if Tl[b] and not skip[b]]
-    # One scratch for every chunk (fresh pages for each would be faults).
-    n = max((min(tb, max(1, CHUNK_ELEMS // ((ub + 1) * V))) * (ub + 1) * V
-             for tb, ub in ((Tl[b], Ul[b]) for b in live)), default=0)
-    work = torch.empty(n, dtype=torch.float32)
-    for b in live:
+    for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
+        if tb == 0 or skip[b]:
+            continue
         g = _seq_view(grad, b, tb, ub, offs[b])
         x = _seq_view(logits, b, tb, ub, offs[b])
         for t0, t1 in _chunks(tb, ub, V):
@@ -757,6 +759,14 @@ def _chunked_epilogue(passes, logits, grad, row_max, Tl, Ul, offs, fused_log_sof
                 e.copy_(x[t0:t1]).sub_(row_max[b, t0:t1, : ub + 1, None]).exp_()
             passes.epilogue(e, *args, scaled=fused_log_softmax, window=(b, t0, t1))
             g[t0:t1].copy_(e)
+
+
+def _scratch(Tl: list[int], Ul: list[int], V: int, dtype: torch.dtype) -> torch.Tensor:
+    """A flat scratch for the largest of ``_chunks``' chunks (one for every chunk: fresh
+    pages for each would be faults)."""
+    n = max((min(tb, max(1, CHUNK_ELEMS // ((ub + 1) * V))) * (ub + 1) * V
+             for tb, ub in zip(Tl, Ul, strict=True)), default=0)
+    return torch.empty(n, dtype=dtype)
 
 
 @njit(cache=True, nogil=True)
@@ -831,13 +841,12 @@ def _layout(logits: torch.Tensor, logit_lengths: torch.Tensor,
 
 
 def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, grad, row_max,
-              row_sum, sd) -> list[tuple | None]:
+              row_sum, sd, work) -> list[tuple | None]:
     """Per sequence (torch's chunked passes): the normalizers into ``row_max``/``row_sum``
-    (``exp(x - m)`` into ``grad``), the duration log-probs into ``sd``, NaN/``+inf``
-    detection and the gathers the arcs need, ``(xb, xe, any_bad)``; ``None`` for a
-    sequence without frames."""
+    (``exp(x - m)`` into ``grad``, or ``work``: see ``_normalizers``), the duration
+    log-probs into ``sd``, NaN/``+inf`` detection and the gathers the arcs need, ``(xb,
+    xe, any_bad)``; ``None`` for a sequence without frames."""
     acc = _acc_dtype(logits.dtype)
-    half = logits.dtype in (torch.float16, torch.bfloat16)
     V, D = table.num_tokens, table.num_durations
     uniq = sorted(set(table.blank_tokens))  # TDT: its blank arcs all score one class
     hb = table.blank_arcs[0].token if table.hat else -1  # HAT: the blank's class
@@ -857,16 +866,18 @@ def _prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax, gr
             any_bad = _duration_scores(xd.numpy(), fused_log_softmax,
                                        sd[b, :tb, : ub + 1].numpy())
         g = _seq_view(grad, b, tb, ub, offs[b]) if grad is not None else None
-        any_bad |= _normalizers(x, g, V, fused_log_softmax, hb, half, acc,
+        any_bad |= _normalizers(x, g, V, fused_log_softmax, hb, work, acc,
                                 row_max[b, :tb, : ub + 1], row_sum[b, :tb, : ub + 1])
         gathered[b] = (xb, xe, any_bad)
     return gathered
 
 
-def _normalizers(x, g, V, fused_log_softmax, hb, half, acc, m_b, s_b) -> bool:
+def _normalizers(x, g, V, fused_log_softmax, hb, work, acc, m_b, s_b) -> bool:
     """One sequence's row normalizers over chunks of frames, into ``m_b``/``s_b``
-    ``(T_b, U_b+1)`` (``exp(x - m)`` into ``g`` unless half); whether a row holds a
-    NaN/``+inf``. ``hb``: HAT's blank class (``-1``: a softmax table)."""
+    ``(T_b, U_b+1)``, ``exp(x - m)`` into ``g``, or into ``work`` (a flat scratch of a
+    chunk in ``acc``: half precision, whose buffer is too coarse, or no gradient);
+    whether a row holds a NaN/``+inf``. ``hb``: HAT's blank class (``-1``: a softmax
+    table)."""
     any_bad = False
     for t0, t1 in _chunks(x.shape[0], x.shape[1] - 1, V):
         xc = x[t0:t1]
@@ -874,29 +885,19 @@ def _normalizers(x, g, V, fused_log_softmax, hb, half, acc, m_b, s_b) -> bool:
         any_bad |= bool((~(m < float("inf"))).any())
         if not fused_log_softmax:
             continue
+        e = None if work is None else work[: xc.numel()].view(xc.shape).copy_(xc)
         if hb >= 0:  # the labels only: the blank's class out of the softmax
-            xl = xc.to(acc, copy=True)
-            xl[..., hb] = NEG_INF
-            m = xl.amax(-1)
-            m = torch.where(m == NEG_INF, 0.0, m)
-            if g is not None and not half:
-                torch.sub(xl, m[..., None], out=g[t0:t1])
-                s = g[t0:t1].exp_().sum(-1, dtype=acc)
-            else:
-                s = torch.exp(xl - m[..., None]).sum(-1)
-            del xl
-            s_b[t0:t1] = s
-            m_b[t0:t1] = m
-            continue
+            e = xc.to(acc, copy=True) if e is None else e
+            e[..., hb] = NEG_INF
+            m = e.amax(-1)
         # A row of -inf logits has no arc out of it: shift by 0, sum 0, log_z -inf.
         m = torch.where(m == NEG_INF, 0.0, m)
-        if g is not None and not half:
-            gc = g[t0:t1]
-            torch.sub(xc, m[..., None], out=gc)
-            s = gc.exp_().sum(-1, dtype=acc)
+        if work is None:
+            torch.sub(xc if e is None else e, m[..., None], out=g[t0:t1])
+            e = g[t0:t1]
         else:
-            s = torch.exp(xc.to(acc) - m[..., None]).sum(-1)
-        s_b[t0:t1] = s
+            e.sub_(m[..., None])
+        s_b[t0:t1] = e.exp_().sum(-1, dtype=acc)
         m_b[t0:t1] = m
     return any_bad
 
