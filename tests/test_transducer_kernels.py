@@ -781,6 +781,10 @@ def _rows_pack(x, il, tl):
 ROW_CASES = {
     "rnnt": lambda x, tg, il, tl, V, **kw: (seqloss.rnnt_loss, x[..., :V], (tg, il, tl),
                                             dict(blank=0, **kw)),
+    "rnnt-logprobs": lambda x, tg, il, tl, V, **kw: (seqloss.rnnt_loss,
+                                                     x[..., :V].log_softmax(-1), (tg, il, tl),
+                                                     dict(blank=0, fused_log_softmax=False,
+                                                          **kw)),
     "rnnt-packed": lambda x, tg, il, tl, V, **kw: (seqloss.rnnt_loss_packed,
                                                    _rows_pack(x[..., :V], il, tl), (tg, il, tl),
                                                    dict(blank=0, **kw)),
@@ -872,9 +876,9 @@ def test_wide_rows_take_the_row_passes_by_default(monkeypatch):
     calls = []
     orig = numba_rows.RowPasses.prologue
 
-    def spy(self, g=None, arcs=None):
+    def spy(self, g=None, arcs=None, **kw):
         calls.append(self.V)
-        return orig(self, g, arcs)
+        return orig(self, g, arcs, **kw)
 
     monkeypatch.setattr(numba_rows.RowPasses, "prologue", spy)
     for V in (127, 128, 511, 512):

@@ -695,22 +695,25 @@ def _forward(
 def _row_prologue(logits, grad, tg, Tl, Ul, offs, table, fused_log_softmax, row_max, row_sum,
                   arc_blank, arc_emit) -> tuple[RowPasses | None, list[bool] | None]:
     """``(passes, bad)`` where the Numba row passes take the prologue (RNN-T's topology,
-    float32/float64 rows: the normalizers and the arcs); ``(None, None)`` otherwise."""
+    float32/float64 rows: the normalizers and the arcs; log-probabilities: the arcs);
+    ``(None, None)`` otherwise."""
     # The passes over the logits row by row in Numba (one read of each row from memory)
     # where the layout allows; torch's ops over chunks of frames otherwise.
     # HAT's rows at any width (torch's ops would take the blank out of each row by a copy).
-    if not (fused_log_softmax and _is_rnnt(table)  # rows_ok: float32/float64 only
+    if not (_is_rnnt(table)
             and rows_ok(table.num_tokens, logits, *(() if grad is None else (grad,)),
                         min_width=2 if table.hat else TABLE_MIN_ROW_WIDTH)):
-        return None, None
+        return None, None  # rows_ok: float32/float64 only
     passes = RowPasses(logits, Tl, Ul, offs, table.num_tokens, row_max, row_sum,
                        hat_blank=table.blank_arcs[0].token if table.hat else -1)
     # exp(x - m) goes into the gradient's buffer for the epilogue to rescale: one exp
     # per logit (the passes are bound by it) for a write and a read of the buffer.
     # The arcs too (RNN-T's topology: one blank arc, one emission arc), each row's
     # logits read once, before its exp is written (maybe over them).
-    seq_bad = passes.prologue(grad, (arc_blank, arc_emit, table.blank_tokens[0], tg,
-                                     table.sigma, table.delay_penalty))
+    # Log-probabilities: no exp, the arcs read off the rows (the epilogue overwrites them).
+    arcs = (arc_blank, arc_emit, table.blank_tokens[0], tg, table.sigma, table.delay_penalty)
+    seq_bad = (passes.prologue(grad, arcs) if fused_log_softmax
+               else passes.prologue(arcs=arcs, logprobs=True))
     return passes, [bool(seq_bad[b]) and Tl[b] > 0 for b in range(len(Tl))]
 
 

@@ -144,6 +144,37 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
     bad[job] = 1 if nbad else 0
 
 
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _logprob_prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, ro, rst, bad, tg, cls, Tl, sigma,
+                          dp, ab, ae, job):
+    """``_prologue_job`` for rows of log-probabilities (``fused_log_softmax=False``): no
+    normalizer; RNN-T's arcs read off the row, ``ab = x[cls] - sigma``, ``ae = (x[tg[b,
+    u]] - sigma) + dp ((T_b - 1) / 2 - t)`` (``u < U_b``), in ``ro``/``rst``'s row order;
+    ``bad[job] = 1`` when a row holds NaN or ``+inf`` (its maximum, its sum)."""
+    b = jb[job]
+    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
+    r0, rs0 = ro[b], rst[b]
+    zero = np.zeros(1, x.dtype)[0]
+    acc = np.empty(_LANES, x.dtype)
+    nbad = 0
+    for t in range(jt0[job], jt1[job]):
+        pen = dp * ((Tl[b] - 1) * 0.5 - t)
+        for u in range(ub1[b]):
+            xr = x0 + t * xs0 + u * xs1
+            xrow = x[xr : xr + V]
+            m = _row_max(xrow, V, acc)
+            s = zero
+            for v in range(V):
+                s += xrow[v]
+            if s != s or m == np.inf:  # NaN (the sum's too) or +inf in the row
+                nbad += 1
+            k = r0 + t * rs0 + u
+            ab[k] = np.float64(xrow[cls]) - sigma
+            if u < ub1[b] - 1:
+                ae[k] = (np.float64(xrow[tg[b, u]]) - sigma) + pen
+    bad[job] = 1 if nbad else 0
+
+
 @njit(inline="always", cache=True, error_model="numpy")
 def _row_arcs(hat, zb, zy, m, s, lsb, lse, emit, sigma, pen, ab, ae, k):
     """A row's arc scores (float64): RNN-T's from the blank's logit ``zb``, or ``hat``'s
@@ -610,13 +641,16 @@ class RowPasses:
         return (_flat(t), own_lines(np.asarray(o, i64)), own_lines(np.asarray(st, i64)),
                 own_lines(np.asarray(su, i64)))
 
-    def prologue(self, g: torch.Tensor | None = None, arcs: tuple | None = None) -> np.ndarray:
+    def prologue(self, g: torch.Tensor | None = None, arcs: tuple | None = None, *,
+                 logprobs: bool = False) -> np.ndarray:
         """Shifts and sums of every row; returns per-sequence NaN/``+inf`` flags.
 
         ``g``: also write ``exp(x - m)`` into its rows (same row layout as ``x``'s).
         ``arcs``: ``(arc_blank, arc_emit, blank, targets, sigma, delay_penalty)``: also
         the arc scores of an RNN-T-topology table (``_row_arcs``) into the two float64
-        ``(B, T, U1, 1)`` grids (shaped as ``row_sum``); ``targets (B, S)`` int64."""
+        ``(B, T, U1, 1)`` grids (shaped as ``row_sum``); ``targets (B, S)`` int64.
+        ``logprobs``: rows of log-probabilities, RNN-T's arcs read off them
+        (``_logprob_prologue_job``: ``arcs`` given, no ``g``, no shifts or sums)."""
         jb, j0, j1, cost = self.jobs
         bad = np.zeros(len(cost), np.uint8)
         i64 = np.int64
@@ -631,7 +665,13 @@ class RowPasses:
                 tgn = np.zeros((len(self.Tl), 1), i64)
             arg = (True, tgn, int(cls), own_lines(np.asarray(self.Tl, i64)), float(sigma),
                    float(dp), ab.view(-1).numpy(), ae.view(-1).numpy())
-        if cost:
+        if cost and logprobs:
+            tgn, cls, Tla, sigma, dp, abn, aen = arg[1:]
+            run_jobs(_logprob_prologue_job, (*self._addr(self.x), self.V, jb, j0, j1, self.ub1,
+                                             self.ro, self.rst, bad, tgn, cls, Tla, sigma, dp,
+                                             abn, aen),
+                     range(len(cost)), order=cost)
+        elif cost:
             xa = self._addr(self.x)
             same = g is not None and self._same(g)
             ga = xa if g is None or same else self._addr(g)  # the very same rows if same
