@@ -571,7 +571,8 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 # 1.45-1.54). Since the joint's epilogue runs here at every width, the joint's passes
 # are all Numba's and win at every width (see TABLE_MIN_ROW_WIDTH); from_joint's tiles,
 # with the joint's own torch ops between them, not (rnnt_loss_from_joint B8-T150-U40-H256,
-# 2 threads, this width lowered to 1: V = 32 1.35x the time, V = 128 1.02x, V = 256 1.00x).
+# 2 threads, this width lowered to 1: V = 32 1.2-1.4x the time, V = 128 1.00x, V = 256
+# 0.96-0.98x).
 MIN_ROW_WIDTH = 512
 
 
