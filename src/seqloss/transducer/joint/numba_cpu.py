@@ -46,7 +46,7 @@ from ..._core import buffers
 from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
 from ..lattice.numba_cpu import LOG, sweep, transducer_lattice
-from .numba_rows import RowPasses, grad_row, rows_ok
+from .numba_rows import RowPasses, _flat, _rows_of, grad_row, rows_ok
 from .table import JointTable
 
 NEG_INF = float("-inf")
@@ -94,27 +94,32 @@ def _chunks(tb: int, ub: int, V: int):
 
 
 @njit(cache=True, nogil=True)
-def _duration_rows(gd, r0, Wd, cd, sd, t, n, od, tot, p, cls, fused, clamp, gscale, tiny):
+def _duration_rows(gd, g0, gsu, sd, t, n, od, tot, p, cls, fused, clamp, gscale, tiny):
     """The duration block's gradient rows of states ``(t, u)``, ``u < n``, starting at
-    ``gd[(r0 + u) Wd + cd]``: ``grad_row`` with the block's own normalizer, over the
+    ``gd[g0 + u gsu]``: ``grad_row`` with the block's own normalizer, over the
     frame's ``n D`` entries at once (the ``D`` classes of each state, ``cls = 0 .. n D -
     1``), in a float64 scratch ``p``: ``exp(sd[t, u]) tot[u]`` (``fused``: the duration
     softmax times the state's occupancy, ``w = 1``), minus the occupations ``od[u D + k]``
     of the state's arcs taking duration ``k``; then stored in ``gd``'s dtype (``D``
     numbers a row: float64, rounded once). The exp in ``gd``'s dtype (float32: twice as
-    fast; a relative error of eps in one term, where the lattice's scores are exact).
+    fast; a relative error of eps in one term, where the lattice's scores are exact),
+    written out (libm's, a call per entry, cost the epilogue of TDT with a caller's
+    buffer 3 ms of 33, B4-T200-U50-V256).
     A function of its own: inlined into the lattice kernel's loop over the states, a
     second ``grad_row`` there cost its token rows 25-30% (multi-blank B4-T200-U50-V256),
     and one call per state 10% (TDT, ``D = 5``)."""
     D = sd.shape[2]
     if fused:
+        sdt = sd[t].reshape(-1)  # the frame's rows, contiguous
+        for j in range(n * D):
+            p[j] = np.float64(vexp(gd.dtype.type(sdt[j])))
         for u in range(n):
             for k in range(D):
-                p[u * D + k] = np.float64(math.exp(gd.dtype.type(sd[t, u, k]))) * tot[u]
+                p[u * D + k] *= tot[u]
     grad_row(p, 0, n * D, fused, 1.0, False, cls, od, 0, n * D, -1, 0.0, -1, 0.0, clamp,
              gscale, tiny)
     for u in range(n):
-        d0 = (r0 + u) * Wd + cd
+        d0 = g0 + u * gsu
         for k in range(D):
             gd[d0 + k] = p[u * D + k]
 
@@ -335,8 +340,8 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             grad_row(gt, r * Wt, V, fused, w, True, uniq, oc, 0, nu, tg[b, u] if u < Ub else -1,
                      oe, -1, 0.0, clamp, gscale, tiny)
         if D:
-            _duration_rows(gd, base[b] + t * st[b], Wd, cd, sdb, t, Ub + 1, od, tot, pd, dcls,
-                           fused, clamp, gscale, tiny)
+            _duration_rows(gd, (base[b] + t * st[b]) * Wd + cd, Wd, sdb, t, Ub + 1, od, tot, pd,
+                           dcls, fused, clamp, gscale, tiny)
 
 
 # Half the least subnormal of the gradient's dtype: a magnitude at or below it rounds to 0.
@@ -773,18 +778,18 @@ def _scratch(Tl: list[int], Ul: list[int], V: int, dtype: torch.dtype) -> torch.
 
 
 @njit(cache=True, nogil=True)
-def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale, tiny, gd,
-                       skip, job):
-    """Sequence ``b = job``'s duration gradient rows ``gd[b, t, u] (B, T, U1, D)`` from its
-    duration log-probs ``sd`` (raw values if not ``fused``) and arc occupations ``ob``/``oe``
-    (``(B, T, U1, Db/De)``; emissions on rows ``u < U_b``, times ``scale``), by
-    ``_duration_rows``. ``bdl``/``edl``: each arc's duration column, -1 for none."""
+def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale, tiny, gd, go,
+                       gst, gsu, skip, job):
+    """Sequence ``b = job``'s duration gradient rows, row ``(t, u)`` at ``gd[go[b] + t
+    gst[b] + u gsu[b]]``, from its duration log-probs ``sd (B, T, U1, D)`` (raw values if
+    not ``fused``) and arc occupations ``ob``/``oe`` (``(B, T, U1, Db/De)``; emissions on
+    rows ``u < U_b``, times ``scale``), by ``_duration_rows``. ``bdl``/``edl``: each arc's
+    duration column, -1 for none."""
     b = job
     if skip[b]:
         return
-    _, T, U1, D = gd.shape
-    Db, De, n = ob.shape[3], oe.shape[3], Ul[b] + 1
-    gdf, sdb = gd.reshape(-1), sd[b]
+    D, Db, De, n = sd.shape[3], ob.shape[3], oe.shape[3], Ul[b] + 1
+    sdb = sd[b]
     od = np.empty(n * D, dtype=np.float64)
     tot = np.empty(n, dtype=np.float64)
     p, cls = np.empty(n * D, dtype=np.float64), np.arange(n * D)
@@ -803,16 +808,20 @@ def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale
                 if edl[j] >= 0:
                     od[u * D + edl[j]] += o
             tot[u] = total
-        _duration_rows(gdf, (b * T + t) * U1, D, 0, sdb, t, n, od, tot, p, cls, fused, clamp,
+        _duration_rows(gd, go[b] + t * gst[b], gsu[b], sdb, t, n, od, tot, p, cls, fused, clamp,
                        gscale, tiny)
 
 
 def _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_softmax,
                     grad_scale, skip) -> None:
-    """The duration block's gradient into ``grad_dur`` (``_duration_grad_job``: a float64
-    ``(B, T, U1, D)`` block, ``D`` numbers a row, copied in per sequence)."""
+    """The duration block's gradient into ``grad_dur`` by ``_duration_grad_job``: in place
+    (float32/float64 at unit stride), else into a float64 ``(B, T, U1, D)`` block copied in
+    per sequence (``D`` numbers a row)."""
     i64 = np.int64
-    gd = torch.zeros(sd.shape, dtype=torch.float64)
+    direct = (grad_dur.dtype in (torch.float32, torch.float64)
+              and (grad_dur.shape[-1] <= 1 or grad_dur.stride(-1) == 1))
+    gd = grad_dur if direct else torch.empty(sd.shape, dtype=torch.float64)
+    addr = (own_lines(np.asarray(a, i64)) for a in _rows_of(gd, Tl, Ul, offs))
     bdl = [-1 if a.duration_logit is None else a.duration_logit for a in table.blank_arcs]
     edl = [-1 if a.duration_logit is None else a.duration_logit for a in table.emit_arcs]
     run_jobs(_duration_grad_job,
@@ -820,11 +829,11 @@ def _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_s
               own_lines(np.asarray(Ul, i64)), own_lines(np.asarray(bdl, i64)),
               own_lines(np.asarray(edl, i64)), bool(fused_log_softmax),
               1.0 + table.fastemit_lambda, float(table.clamp), float(grad_scale),
-              _TINY[grad_dur.dtype], gd.numpy(), own_lines(skip)),
+              _TINY[grad_dur.dtype], _flat(gd), *addr, own_lines(skip)),
              range(len(Tl)), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
     for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
-        if tb and not skip[b]:
+        if not direct and tb and not skip[b]:
             _seq_view(grad_dur, b, tb, ub, offs[b]).copy_(gd[b, :tb, : ub + 1])
 
 
