@@ -31,33 +31,38 @@ The batch runs on a thread pool (GIL-free Numba functions); per sequence:
 
 Exactness. The probability domain is exact (to float64 rounding) as long as
 no quantity that matters falls below float64's normal range. A state that falls
-more than ``2**-900`` below its block's maximum (or under ``TINY`` in a product while
-the block's maximum stays above ``DROP_MAX``) is dropped: every state of a block
-shares its ``beta'`` exponent, so the mass of the paths through a dropped state is
-below ``2**-898`` of the frame's largest block product, and each frame's
-``sum(alpha * beta')`` (relative to that product) must stay above ``Z_MIN = 2**-600``:
-each drop is below ``2**-298`` of the likelihood, far under its rounding. A
-failed check -- an emission more than 708 nats below its frame's best label, an
-underflow in a block whose maximum is itself below ``DROP_MAX``, two neighbouring
-blocks more than ``2**1000`` apart, a frame sum below ``Z_MIN``, or a zero
-likelihood -- sends the sequence to the
-extended-range path (``_ctc_ext_one``: a mantissa and an int64 exponent per
-value, exact for any finite input), and a non-finite input on to the
-log-space kernel (``_ctc_log_one``, libm ``exp``/``log`` per state, guarded
-``logaddexp``, float64), which is the exact algorithm of the reference. Exact
-zeros (``-inf`` log-probabilities, ``exp(-inf) == 0``) are not underflow and
-stay on the fast path.
+more than ``2**-900`` below its block's maximum, or a product under ``TINY``, is
+dropped, and the bound of what its block lost (``2**(k - 1018)`` at the block's
+exponent ``k``) is kept: the backward pass checks it against the ``beta'`` (for
+alpha) or the alpha (for ``beta'``) it would have met at that frame's occupation,
+and each drop must be below ``2**-900`` of the frame's largest block product (``Z``,
+the frame's ``sum(alpha * beta')`` relative to it, stays above ``Z_MIN = 2**-600``):
+below ``2**-293`` of the likelihood, far under its rounding. Two neighbouring blocks
+more than ``2**1000`` apart are reconciled by shifting the lower one's own states down
+(drops checked as above). A forward without gradient has no backward pass to check
+against, so there an underflow in a block whose maximum is below ``DROP_MAX`` fails
+at once. A failed check -- an emission more than 708 nats below its frame's best
+label, a drop that the occupation shows mattered, a frame sum below ``Z_MIN``, or a
+zero likelihood -- sends the sequence to the extended-range path (``_ctc_ext_one``: a
+mantissa and an int64 exponent per value, exact for any finite input), and a
+non-finite input on to the log-space kernel (``_ctc_log_one``, libm ``exp``/``log``
+per state, guarded ``logaddexp``, float64), which is the exact algorithm of the
+reference. Exact zeros (``-inf`` log-probabilities, ``exp(-inf) == 0``) are not
+underflow and stay on the fast path.
 
 Delay penalty (``dp``, k2's): every label's log-probability at frame ``t`` gains
 ``dp * ((T_b - 1) / 2 - t)`` (the blank's does not) where the emissions are formed,
 in every path. It spreads the states of a frame apart, by up to about
 ``|dp| T_b**2 / 8`` nats (state 0 against the others at mid-sequence when ``dp > 0``
-and uniform logits; the last two states in ``beta'``), which the dropping above
+and uniform logits; the last two states in ``beta'``), which the checked dropping above
 absorbs (those states carry no mass), and neighbouring labels by up to
 ``|dp| (T_b - 1) / 2`` nats, which narrower blocks absorb (a block holds at most
-``DP_BLOCK_NATS`` of it; down to one label). Past two blocks' worth for one label
-(``|dp| (T_b - 1) > 1536``: ``dp = 1.6`` at ``T_b = 1000``) the sequence takes the
-extended path directly.
+``DP_BLOCK_NATS`` of it; down to one label) with the neighbour shift above. Past
+``DP_LABEL_NATS`` for one label (``|dp| (T_b - 1) > 1536``: ``dp = 1.6`` at
+``T_b = 1000``) the sequence takes the extended path directly. ``DP_BLOCK_NATS`` was
+chosen on a grid (T_b 300-2000; randn, uniform and peaky logits; ``|dp|`` 0.015-1.5):
+1200 kept 96 of its 120 sequences on the fast path (384: 91, 2400: 91) and at
+``T_b = 300``, ``dp = 0.5`` gives 16-label blocks, the width without a penalty.
 
 Compile time (a fresh Numba cache compiles per dtype what a call reaches): Numba links
 a callee's code into every caller and optimizes and emits it again there, and its IR
@@ -491,8 +496,10 @@ def _ctc_log_one(x, tb_layout, b, C, lab, Tb, blank, fused, dp, compute_grad, gr
 BSH = 4
 BSH_LONG = 2
 LONG_T = 4096
-# Nats of delay-penalty spread a block of labels may hold (see _ctc_fast_one).
-DP_BLOCK_NATS = 384.0
+# Nats of delay-penalty spread a block of labels may hold, and one label (see the
+# module docstring, "Delay penalty").
+DP_BLOCK_NATS = 1200.0
+DP_LABEL_NATS = 768.0
 KZ = -(1 << 40)
 _LN2 = 0.6931471805599453
 
@@ -541,16 +548,20 @@ def _fast_emissions(xr, lab, lse, pen, lp, E, r):
 # passed to a call cost an atomic incref/decref each, ~30% of a short sequence's time
 # (T=26, C=7: 10-15% faster inlined, 6% longer first-call compile).
 @njit(inline="always", cache=True, error_model="numpy")
-def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
+def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh, strict):
     """Scaled alpha of frame ``t >= 1`` (ring rows ``r`` of ``AE``, ``AO``, ``KA``) from
     frame ``t - 1``'s (rows ``p``); emissions in row ``r`` of ``E``. Rows are indexed, not
     sliced: a row view costs an atomic incref/decref pair per frame.
 
-    Writes the band of ``t``, its block exponents (``KZ`` elsewhere) and exact
-    zeros at the two states above the band (frame ``t + 1`` reads them). Returns
-    the number of failed range checks. Blocks of ``2**bsh`` labels.
+    Writes the band of ``t``, its block exponents ``KA[r, :nb]`` (``KZ`` elsewhere), the
+    bound of what each block lost to underflow ``KA[r, nb:]`` (``KZ``: nothing; the
+    backward pass checks it against the frame's occupation) and exact zeros at the two
+    states above the band (frame ``t + 1`` reads them). Returns the number of failed
+    range checks (``strict``, a forward without that check: an underflow in a block whose
+    maximum is below ``DROP_MAX`` fails too). Blocks of ``2**bsh`` labels.
     """
     bw = 1 << bsh
+    nb = KA.shape[1] // 2
     lo = max(0, K - 2 * (Tb - t))
     hi = min(K - 1, 2 * t + 1)
     ie0, ie1 = (lo + 1) // 2, hi // 2
@@ -568,8 +579,18 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
         f = 0.0
         m = 0.0
         nuf = 0
+        g = 1.0  # the block's own states of t - 1 enter scaled by g
         if kl != KZ:
-            nbad += (kl - kj) > 1000
+            if kl - kj > 1000:
+                # The lower neighbour's state would enter past float64's range: the block
+                # works 2**1000 below it, its own states shifted down (an underflow there
+                # is dropped, and checked as any underflow).
+                g = _p2(kj - (kl - 1000))
+                for i in range(max(ie0, base), min(ie1, base + bw - 1) + 1):
+                    nuf += (AE[p, i] > 0.0) & (AE[p, i] * g < TINY)
+                for i in range(max(io0, base), min(io1, base + bw - 1) + 1):
+                    nuf += (AO[p, i] > 0.0) & (AO[p, i] * g < TINY)
+                kj = kl - 1000
             f = _p2(kl - kj)
         a0 = max(ie0, base)
         a1 = min(ie1, base + bw - 1)
@@ -582,7 +603,7 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
             a0 = 1
         for i in range(a0, a1 + 1):
             po = AO[p, i - 1]
-            w = AE[p, i] + po * (f if i == base else 1.0)
+            w = AE[p, i] * g + po * (f if i == base else 1.0)
             v = w * eb
             AE[r, i] = v
             nuf += ((w > 0.0) | (po > 0.0)) & (eb > 0.0) & (v < TINY)
@@ -599,15 +620,18 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
             b0 = 1
         for i in range(b0, b1 + 1):
             po = sk[i] * AO[p, i - 1]
-            w = AO[p, i] + AE[p, i] + po * (f if i == base else 1.0)
+            w = (AO[p, i] + AE[p, i]) * g + po * (f if i == base else 1.0)
             e = E[r, i + 1]
             v = w * e
             AO[r, i] = v
             nuf += ((w > 0.0) | (po > 0.0)) & (e > 0.0) & (v < TINY)
             m = max(m, v)
-        # A state that underflowed (nuf) is dropped: exact while the block's max is far
-        # above it (see DROP_MAX); with the block's max itself that small, it is not.
-        nbad += (nuf > 0) & (m < DROP_MAX)
+        # A state that underflowed (nuf) is dropped: it was below 2**(kj - 1020), which
+        # the backward pass checks against the beta' it would have met (where the
+        # block's max stays above DROP_MAX, it passes).
+        if nuf:
+            KA[r, nb + j] = kj - 1018
+            nbad += strict & (m < DROP_MAX)
         if m > 0.0:
             ex_ = _expo(m)
             sc = _p2(-ex_)
@@ -628,7 +652,7 @@ def _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, p, r, E, sk, bsh):
 
 @njit(cache=True, error_model="numpy")
 def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lses, E, AE, AO, KA,
-                CE, CO, CK, sk, lp, bsh):
+                CE, CO, CK, sk, lp, bsh, strict):
     """Emissions and scaled alpha of frames ``t0 <= t < t1`` into ring rows ``t % S``.
 
     ``first``: the first sweep (``t0 == 0``): frame 0 starts the recursion, every
@@ -672,7 +696,8 @@ def _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lses, E, 
                 if (v0 > 0.0 and v0 < TINY) or (v1 > 0.0 and v1 < TINY):
                     return False, logscale
         else:
-            nbad = _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, (t - 1) % S, r, E, sk, bsh)
+            nbad = _fast_alpha_step(t, Tb, K, Lb, AE, AO, KA, (t - 1) % S, r, E, sk, bsh,
+                                    strict)
             if first and nbad:
                 return False, logscale
         if first and r == 0 and t // S < nck:
@@ -733,13 +758,13 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     # narrow enough that a block's spread stays well inside float64's range; past what one
     # label a block can hold, the extended path (a fast attempt would fail on the way).
     spread = abs(dp) * (Tb - 1) * 0.5
-    if spread > 2.0 * DP_BLOCK_NATS:
+    if spread > DP_LABEL_NATS:
         return FALLBACK
     while bsh > 0 and (1 << bsh) * spread > DP_BLOCK_NATS:
         bsh -= 1
     bw = 1 << bsh
     nb = (nl + bw - 1) >> bsh
-    S = _seg_len(Tb, 8 * (nl + nl + no + nb), compute_grad, seg)
+    S = _seg_len(Tb, 8 * (nl + nl + no + 2 * nb), compute_grad, seg)
     nseg = (Tb + S - 1) // S
     nck = nseg - 1 if compute_grad else 0
     lses = np.empty(Tb if fused else 0)
@@ -756,13 +781,13 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     E = np.empty((S, nl))
     AE = _zeros2(S, nl)  # even states 2i (blank)
     AO = _zeros2(S, no)  # odd states 2i+1 (label i+1)
-    KA = np.empty((S, nb), np.int64)
+    KA = np.empty((S, 2 * nb), np.int64)  # block exponents, then underflow bounds
     KA[:] = KZ
     CE = np.empty((nck, nl))
     CO = np.empty((nck, no))
-    CK = np.empty((nck, nb), np.int64)
+    CK = np.empty((nck, 2 * nb), np.int64)
     ok, logscale = _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _YES(), _I0(), Tb,
-                                lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
+                                lses, E, AE, AO, KA, CE, CO, CK, sk, lp, bsh, not compute_grad)
     if not ok:
         return FALLBACK
     rf = (Tb - 1) % S
@@ -790,6 +815,12 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
     KB2 = np.empty(nb, np.int64)
     KB2[:] = KZ
     fb = _zeros(nb)
+    # Per block: an emission product of frame t underflowed (uf); the exponent bound of
+    # what block j of beta' at t - 1 lost to underflows (KD), checked against that
+    # frame's occupation (see below).
+    uf = _zeros(nb + 1)
+    KD = np.empty(nb, np.int64)
+    KD[:] = KZ
     be[Lb] = 1.0
     KB[Lb >> bsh] = 0
     if Lb >= 1:
@@ -803,7 +834,7 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             _copy_row(AO, 0, CO, sg)
             _copy_row(KA, 0, CK, sg)
             _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lses,
-                        E, AE, AO, KA, CE, CO, CK, sk, lp, bsh)
+                        E, AE, AO, KA, CE, CO, CK, sk, lp, bsh, False)
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lo = max(0, K - 2 * (Tb - t))
@@ -819,6 +850,14 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             if kmax == KZ:
                 return FALLBACK
             for j in range(j0, j1 + 1):
+                # beta' values of block j lost to underflow (each below 2**KD[j] / 2) times
+                # its alpha (below 2**(KA + 1)), 2 bw states: below 2**-893 of the frame's
+                # largest block product, so below 2**-293 of the likelihood (Z >= Z_MIN).
+                if KD[j] != KZ and KA[r, j] != KZ and KA[r, j] + KD[j] > kmax - 900:
+                    return FALLBACK
+                # and alpha's, likewise
+                if KA[r, nb + j] != KZ and KB[j] != KZ and KB[j] + KA[r, nb + j] > kmax - 900:
+                    return FALLBACK
                 fb[j] = _p2(KA[r, j] + KB[j] - kmax) if (KA[r, j] != KZ and KB[j] != KZ) else 0.0
             ze = 0.0
             zo = 0.0
@@ -843,20 +882,25 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
                 break
             # emission-inclusive beta at t over the band of t, then beta' at t - 1
             eb = E[r, 0]
-            nbad = 0
-            nuf = 0
-            for i in range(ie0, ie1 + 1):
-                bv = be[i]
-                v = bv * eb
-                ie_[i] = v
-                nuf += (bv > 0.0) & (eb > 0.0) & (v < TINY)
-            for i in range(io0, io1 + 1):
-                bv = bo[i]
-                e = E[r, i + 1]
-                v = bv * e
-                io_[i] = v
-                nuf += (bv > 0.0) & (e > 0.0) & (v < TINY)
+            for j in range(j0, j1 + 2):
+                uf[j] = 0.0
+            for j in range(j0, j1 + 1):
+                base = j << bsh
+                nuf = 0
+                for i in range(max(ie0, base), min(ie1, base + bw - 1) + 1):
+                    bv = be[i]
+                    v = bv * eb
+                    ie_[i] = v
+                    nuf += (bv > 0.0) & (eb > 0.0) & (v < TINY)
+                for i in range(max(io0, base), min(io1, base + bw - 1) + 1):
+                    bv = bo[i]
+                    e = E[r, i + 1]
+                    v = bv * e
+                    io_[i] = v
+                    nuf += (bv > 0.0) & (e > 0.0) & (v < TINY)
+                uf[j] = 1.0 if nuf else 0.0
             KB2[:] = KZ
+            KD[:] = KZ
             lo = max(0, K - 2 * (Tb - t + 1))
             hi = min(K - 1, 2 * t - 1)
             je0, je1 = (lo + 1) // 2, hi // 2
@@ -869,8 +913,28 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
                 ku = KB[j + 1] if j + 1 < nb else KZ
                 kj = KB[j] if KB[j] != KZ else (ku if ku != KZ else 0)
                 f = 0.0
+                # underflowed products feeding the block: its own (at its exponent of t)
+                # and its upper neighbour's first states (at that one's)
+                kd = KB[j] if uf[j] > 0.0 else KZ
+                if uf[j + 1] > 0.0:
+                    kd = max(kd, ku)
+                nuf = 0
                 if ku != KZ:
-                    nbad += (ku - kj) > 1000
+                    if ku - kj > 1000:
+                        # The upper neighbour's states would enter past float64's range:
+                        # the block works 2**1000 below it, its own products shifted down
+                        # (those that underflow are dropped, and checked as any underflow).
+                        kw = ku - 1000
+                        g = _p2(kj - kw)
+                        for i in range(max(ie0, base), min(ie1, top) + 1):
+                            u = ie_[i]
+                            ie_[i] = u * g
+                            nuf += (u > 0.0) & (ie_[i] < TINY)
+                        for i in range(max(io0, base), min(io1, top) + 1):
+                            u = io_[i]
+                            io_[i] = u * g
+                            nuf += (u > 0.0) & (io_[i] < TINY)
+                        kj = kw
                     f = _p2(ku - kj)
                 m = 0.0
                 a0 = max(je0, base)
@@ -887,9 +951,13 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
                     bo2[i] = v
                     nuf += (po > 0.0) & (v < TINY)
                     m = max(m, v)
-                # underflows dropped as in _fast_alpha_step (conservatively: any of the
-                # frame's products against each block's max)
-                nbad += (nuf > 0) & (m < DROP_MAX)
+                # An underflow drops values below 2**(kd - 1020): checked at t - 1's
+                # occupation against the alpha they would have met (exact where it passes;
+                # a block of its own underflows whose max stays above DROP_MAX passes it).
+                if nuf:
+                    kd = max(kd, kj)
+                if kd != KZ:
+                    KD[j] = kd - 1018
                 if m > 0.0:
                     ex_ = _expo(m)
                     sc = _p2(-ex_)
@@ -900,8 +968,6 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
                     for i in range(b0, b1 + 1):
                         u = bo2[i] * sc
                         bo2[i] = u if u >= DROP else 0.0
-            if nbad:
-                return FALLBACK
             be, be2 = be2, be
             bo, bo2 = bo2, bo
             KB, KB2 = KB2, KB
