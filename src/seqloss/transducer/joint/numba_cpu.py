@@ -305,7 +305,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                 od[d0 + k] = 0.0
             # Every value of the state's gradient row is at most its occupancy
             # exp(alpha + beta - ll) times (1 + lambda): at or below ``tiny`` (halved,
-            # against rounding) the whole row rounds to 0, as computed in full.
+            # against rounding) the whole row is written 0, as computed in full.
             if math.exp(a[u] + bt[u] - lb) * scale * 2.0 > tiny:
                 for i in range(Db):
                     o = occ[i, u]
@@ -325,7 +325,7 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             if fused:
                 sv = np.float64(rs[b, t, u])
                 wv = total / sv if sv > 0.0 else 0.0
-                # every exp(x - m) w <= w: at or below tiny the row rounds to 0 (the
+                # every exp(x - m) w <= w: at or below tiny the row is written 0 (the
                 # row's values are finite: a NaN sequence is skipped), scaled by 0 in
                 # grad_row's loop: a memset of a cold row (ascending, rep stosb) cost
                 # more than this prefetched stream (multi-blank at delay_penalty=0.5,
@@ -334,9 +334,9 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
             # Backwards, as the sweep visits the rows: one descending stream through the
             # gradient, which the hardware prefetcher follows (rows read forwards each
             # started on cold lines: B4-T200-U50-V256 453 -> 205 ns a state, V=1024 498 ->
-            # 296, V=128 248 -> 183). Values of magnitude <= ``tiny`` (half the output
-            # dtype's least subnormal) round to 0: stored as 0 directly, without the
-            # microcode assist a subnormal result costs (rows of improbable states).
+            # 296, V=128 248 -> 183). Values of magnitude below ``tiny`` are stored as 0
+            # directly, without the microcode assist a subnormal result costs (rows of
+            # improbable states).
             grad_row(gt, r * Wt, V, fused, w, True, uniq, oc, 0, nu, tg[b, u] if u < Ub else -1,
                      oe, -1, 0.0, clamp, gscale, tiny)
         if D:
@@ -344,8 +344,10 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                            dcls, fused, clamp, gscale, tiny)
 
 
-# Half the least subnormal of the gradient's dtype: a magnitude at or below it rounds to 0.
-_TINY = {torch.float32: 2.0**-150, torch.float64: 2.0**-1075, torch.float16: 2.0**-25,
+# Gradient values below these are written as 0: float32/float64's smallest normal (the
+# subnormals flushed, as by every Numba joint path: see numba_rows.grad_row), half
+# precision's least subnormal halved (its block is float64, cast: what rounds to 0).
+_TINY = {torch.float32: 2.0**-126, torch.float64: 2.0**-1022, torch.float16: 2.0**-25,
          torch.bfloat16: 2.0**-134}
 
 

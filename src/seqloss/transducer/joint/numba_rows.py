@@ -300,11 +300,13 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
     cold row cost more); else the row is zeroed first, whatever it holds (the gradient
     of log-probabilities). ``y < 0``: no emission out of the row. ``hb >= 0``: HAT's
     blank class, written ``gb`` after the scaling instead. ``clamp <= 0``: none.
-    A product or difference below ``tiny`` in magnitude is written as 0: the row
-    passes flush subnormals (the joint's backward matmul reads them many times slower
-    on x86), the table kernel passes half the least subnormal (what rounds to 0 anyway,
-    without the store's microcode assist; a product of a float32 row and ``w`` is 0 or
-    above it, so that pass scales only). ``desc``: the row backwards, scaled only (the
+    A product or difference below ``tiny`` in magnitude is written as 0: every path
+    passes a float32/float64 gradient's smallest normal (the joint's backward matmul
+    reads subnormals many times slower on x86, and a product that comes out subnormal
+    costs a microcode assist), half precision's float32 scratch its own. ``desc`` (the
+    table kernel, which sets ``w = 0`` below ``tiny``) scales only, a plain multiply: a
+    select there cost 15% of multi-blank's backward (B8-T150-U40-V1024), so a product
+    may come out subnormal, exact. The row backwards, scaled only (the
     table kernel visits rows in descending order: one descending stream the prefetcher
     follows). NaN stays NaN. The row is ``buf`` and an offset, indexed unsigned: a view
     per row cost the table kernel an atomic reference count pair each (multi-blank and
