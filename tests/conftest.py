@@ -129,8 +129,9 @@ DEVICES = [pytest.param("cpu", id="cpu")] + [
 
 @pytest.fixture(params=["torch_ops", "row_passes"])
 def tile_ops(request, monkeypatch):
-    """The CPU tile math: torch's ops, or the Numba backend's row passes (taken by
-    default for rows of at least ``MIN_ROW_WIDTH`` classes), forced at these widths."""
+    """The CPU tiles' forward normalizers: torch's ops, or the Numba backend's row passes
+    (taken by default for rows of at least ``MIN_ROW_WIDTH`` classes), forced at these
+    widths. The backward's epilogue is the backend's ``joint_tile_grad`` either way."""
     if request.param == "row_passes":
         rows = pytest.importorskip("seqloss.transducer.joint.numba_rows")
         monkeypatch.setattr(rows, "MIN_ROW_WIDTH", 1)

@@ -17,9 +17,9 @@ from conftest import backend_params, device_for
 
 from seqloss import InputError
 from seqloss.testing import brute_force_lattice
-from seqloss.transducer.hat import HATLoss, hat_loss, hat_loss_from_joint
+from seqloss.transducer.hat import HATLoss, hat_loss, hat_loss_from_joint, hat_table
 from seqloss.transducer.joint.api import joint_loss
-from seqloss.transducer.joint.table import JointTable, hat_table
+from seqloss.transducer.joint.table import JointTable
 
 INF = float("inf")
 REDUCTIONS = ["none", "sum", "mean", "mean_batch", "mean_target", "mean_volume"]
@@ -361,7 +361,7 @@ def test_empty_batch(backend, reduction):
 def test_opcheck(backend, reduction):
     """``hat_loss`` is the table op ``seqloss::transducer_joint_loss`` on HAT's table:
     schema, fake kernel, autograd."""
-    from seqloss.transducer.joint.table import hat_table
+    from seqloss.transducer.hat import hat_table
     from seqloss.transducer.op import table_loss_op
 
     g = torch.Generator().manual_seed(11)

@@ -32,8 +32,9 @@ from conftest import device_for
 
 import seqloss
 from seqloss.testing import assert_close_budget
+from seqloss.transducer.hat import hat_table
 from seqloss.transducer.joint import reference as joint_ref
-from seqloss.transducer.joint.table import Arc, JointTable, hat_table, rnnt_table
+from seqloss.transducer.joint.table import Arc, JointTable, rnnt_table
 from seqloss.transducer.lattice import reference as lattice_ref
 
 _TRITON = importlib.util.find_spec("triton") is not None

@@ -6,7 +6,8 @@ tests' parametrization (``tests/conftest.py``). A transducer on the full joint i
 described by data (:class:`Transducer`): ``diagnose`` and the benchmark
 (``seqloss.bench.transducer``) are generic functions of that entry and of the
 variant's :class:`~seqloss.transducer.joint.table.JointTable`, so a new variant is its
-module (and its table), one entry here and the exports. CTC and the pruned loss keep
+module (its loss, its from-joint twin and its table's constructor, as ``hat.py``), one
+entry here and the exports. CTC and the pruned loss keep
 their own report and benchmark (their inputs are not a ``(B, T, U+1, V)`` joint).
 Entries name modules and functions by dotted path, so reading the registry imports
 nothing (no cycles, no kernel compilation).
@@ -171,7 +172,7 @@ FAMILIES: dict[str, Family] = {
         # Bernoulli blank and a softmax over the labels; no peer has a full-joint HAT).
         Family("hat", "seqloss.transducer.hat:hat_loss", "logits", "joint",
                transducer=Transducer(
-                   table=f"{_TABLE}:hat_table",
+                   table="seqloss.transducer.hat:hat_table",
                    log_probs="seqloss.transducer.factored.arcs:hat_log_probs",
                    max_overhead=1.2)),
         # k2's pruned RNN-T (with its simple loss: seqloss.bench.pruned times the pipeline)

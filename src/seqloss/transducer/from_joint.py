@@ -472,11 +472,7 @@ def _parts(plan: _Plan, m: Tensor, dead: Tensor | None) -> tuple[Tensor, tuple[f
 
 
 def _tile_epilogue(backend: str):
-    """The backend's ``joint_tile_grad`` (the Numba one beside its row passes)."""
-    if backend == "numba":
-        from .joint import numba_rows
-
-        return numba_rows.joint_tile_grad
+    """The backend's ``joint_tile_grad``."""
     return kernel_module("joint", backend).joint_tile_grad
 
 

@@ -2,8 +2,8 @@ r"""The hybrid autoregressive transducer's loss (HAT; Variani et al., 2020).
 
 HAT factors the joint's output into a blank probability and a label distribution:
 ``p(blank) = sigmoid(z_blank)``, ``p(y) = (1 - sigmoid(z_blank)) softmax(z_labels)[y]``,
-the labels being every class but the blank. It is a ``JointTable`` (``hat_table``: RNN-T's
-arcs with the ``"hat"`` normalizer, see ``joint/table.py``), so every backend's joint
+the labels being every class but the blank. It is a ``JointTable`` (``hat_table`` below:
+RNN-T's arcs with the ``"hat"`` normalizer, see ``joint/table.py``), so every backend's joint
 prologue, lattice and epilogue compute it: on the full joint the table op
 ``seqloss::transducer_joint_loss``, from the joint the tiles of ``from_joint.py``.
 """
@@ -20,9 +20,18 @@ from .._core.module import LossModule
 from .._core.types import IntsLike, TransducerReduction
 from .checks import transducer_inputs
 from .from_joint import _Branch, _fake_logits, _run, _setup
-from .joint.table import hat_table
+from .joint.table import Arc, JointTable, _resolve_blank
 from .op import table_loss_decl
 from .rnnt import rnnt_options
+
+
+def hat_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0, *,
+              delay_penalty: float = 0.0) -> JointTable:
+    """HAT (Variani et al., 2020): RNN-T's arcs, the blank normalized by a sigmoid outside
+    the labels' softmax (``normalizer="hat"``; ``blank < 0`` counts from the end)."""
+    return JointTable(blank_arcs=(Arc(1, token=_resolve_blank(blank, V)),), emit_arcs=(Arc(0),),
+                      num_tokens=V, clamp=clamp, fastemit_lambda=fastemit_lambda,
+                      delay_penalty=delay_penalty, normalizer="hat")
 
 
 def _options(clamp: object, reduction: object, fastemit_lambda: object, delay_penalty: object,

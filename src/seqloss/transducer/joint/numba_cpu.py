@@ -47,6 +47,9 @@ from ..._core.numba_exp import vexp
 from ..._core.numba_pool import own_lines, run_jobs
 from ..lattice.numba_cpu import LOG, sweep, transducer_lattice
 from .numba_rows import RowPasses, _flat, _rows_of, grad_row, rows_ok
+
+# the backend's tile epilogue (the losses from the joint), re-exported
+from .numba_rows import joint_tile_grad as joint_tile_grad
 from .table import JointTable
 
 NEG_INF = float("-inf")

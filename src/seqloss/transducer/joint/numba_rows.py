@@ -11,7 +11,10 @@ logits of one ``(t, u)`` state) fits in L1, so per row:
 - epilogue: that row times ``occupation / s``, minus the arcs' occupations at their
   classes, the clamp and the gradient scale, in place: ``grad_row``, the Numba backend's
   one row epilogue (these jobs call it, and so does the many-arc tables' lattice kernel
-  in ``numba_cpu``, for the rows it visits).
+  in ``numba_cpu``, for the rows it visits);
+- tiles (``joint_tile_grad``): the epilogue alone on a tile of rows whose occupations
+  are known, through ``grad_row`` too: the losses from the joint recompute each tile's
+  logits in their backward and call it (``numba_cpu`` exports it as the backend's).
 
 HAT's ``"hat"`` normalizer (``table.py``) has its own prologue job: the labels' shift and
 sum leave the blank's class out, whose sigmoid ``grad_row`` writes in the epilogue.
@@ -367,57 +370,6 @@ def _row_grad(g, gr, V, scaled, s, obf, oef, Db, De, k, cls, y, scale, clamp, gs
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
-def _grad_job(x, xo, xst, xsu, same, g, go, gst, gsu, V, jb, jt0, jt1, ub1, ue, ro, rst, ob, oe,
-              cls, tg, scale, clamp, gscale, skip, job):
-    """``_prologue_job`` (writing ``exp(x - m)``) and ``_epilogue_job`` fused, row by row:
-    the gradient of rows whose occupations are known (a backward that recomputes the
-    logits), one pool call and one pass over memory, each row's second pass in L1.
-    Same arithmetic, so the same values, as the two jobs in turn."""
-    b = jb[job]
-    if skip[b]:
-        return
-    x0, xs0, xs1 = xo[b], xst[b], xsu[b]
-    g0, gs0, gs1 = go[b], gst[b], gsu[b]
-    r0, rs0 = ro[b], rst[b]
-    obf = ob.reshape(-1)
-    oef = oe.reshape(-1)
-    zero = np.zeros(1, x.dtype)[0]
-    acc = np.empty(_LANES, x.dtype)
-    tiny = np.finfo(g.dtype).tiny
-    for t in range(jt0[job], jt1[job]):
-        for u in range(ub1[b]):
-            gr = g0 + t * gs0 + u * gs1
-            grow = g[gr : gr + V]
-            s = zero
-            if same:  # one array (see _prologue_job)
-                m = _row_max(grow, V, acc)
-                if m == -np.inf:
-                    m = zero
-                for v in range(V):
-                    e = _exp(grow[v] - m)
-                    grow[v] = e
-                    s += e
-            else:
-                xr = x0 + t * xs0 + u * xs1
-                xrow = x[xr : xr + V]
-                m = _row_max(xrow, V, acc)
-                if m == -np.inf:
-                    m = zero
-                for v in range(V):
-                    e = _exp(xrow[v] - m)
-                    grow[v] = e
-                    s += e
-            _row_grad(g, gr, V, True, s, obf, oef, ob.shape[3], oe.shape[3], r0 + t * rs0 + u,
-                      cls, tg[b, u] if u < ue[b] else -1, scale, clamp, gscale, tiny)
-
-
-# --------------------------------------------------------------------------- HAT
-# The "hat" normalizer (``table.py``): the labels' softmax leaves the blank's class out,
-# whose sigmoid the epilogue takes from the arcs' side (``bsig``), so no logit is read
-# there. Same row addressing and jobs as above.
-
-
-@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
 def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0, jt1, ub1, rm,
                       rs, ro, rst, lsb, bad, arcs, tg, Tl, sigma, dp, ab, ae, job):
     """``_prologue_job`` over the labels (every class but ``blank``): their shift and sum,
@@ -759,29 +711,6 @@ class RowPasses:
         if tgn.ndim != 2 or tgn.shape[1] == 0:
             tgn = np.zeros((len(self.Tl), 1), np.int64)
         return tgn, (self.ub1 if emit_last else own_lines(self.ub1 - 1))
-
-    def gradient(self, g: torch.Tensor, ob: torch.Tensor, oe: torch.Tensor, cls: list[int],
-                 tg: torch.Tensor, scale: float, clamp: float, gscale: float,
-                 skip: np.ndarray, emit_last: bool = False) -> None:
-        """``prologue(g)`` then ``epilogue(g, ...)`` (same arguments) where the
-        occupations are known before the logits' pass: one fused pass (HAT: the two).
-        ``row_max``/``row_sum`` are not written."""
-        if self.hat_blank >= 0:
-            self.prologue(g)
-            self.epilogue(g, ob, oe, cls, tg, scale, clamp, gscale, skip, emit_last)
-            return
-        jb, j0, j1, cost = self.jobs
-        if not cost:
-            return
-        tgn, ue = self._targets(tg, emit_last)
-        xa = self._addr(self.x)
-        same = self._same(g)
-        ga = xa if same else self._addr(g)
-        run_jobs(_grad_job, (*xa, bool(same), *ga, self.V, jb, j0, j1, self.ub1, ue, self.ro,
-                             self.rst, ob.contiguous().numpy(), oe.contiguous().numpy(),
-                             own_lines(np.asarray(cls, np.int64)), tgn, float(scale),
-                             float(clamp), float(gscale), own_lines(skip.astype(np.uint8))),
-                 range(len(cost)), order=cost)
 
 
 # --------------------------------------------------------------------------- tiles

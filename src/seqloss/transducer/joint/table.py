@@ -222,11 +222,3 @@ def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0
                       num_durations=len(durations), sigma=sigma, clamp=clamp,
                       delay_penalty=delay_penalty)
 
-
-def hat_table(V: int, blank: int, clamp: float = -1.0, fastemit_lambda: float = 0.0, *,
-              delay_penalty: float = 0.0) -> JointTable:
-    """HAT (Variani et al., 2020): RNN-T's arcs, the blank normalized by a sigmoid outside
-    the labels' softmax (``normalizer="hat"``; ``blank < 0`` counts from the end)."""
-    return JointTable(blank_arcs=(Arc(1, token=_resolve_blank(blank, V)),), emit_arcs=(Arc(0),),
-                      num_tokens=V, clamp=clamp, fastemit_lambda=fastemit_lambda,
-                      delay_penalty=delay_penalty, normalizer="hat")
