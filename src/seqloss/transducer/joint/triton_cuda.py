@@ -291,6 +291,36 @@ def _arc_occupations(tab_ptr, bd_ptr, ed_ptr, ab_ptr, ae_ptr, alpha_ptr, beta_pt
 
 
 @triton.jit
+def _arc_grads(b_g, o_v, b_y, b_oe, b_hb, b_gb, cls_ptr, p_ob, b_o0, ab_ptr, bd_ptr, beta_ptr,
+               i_r, o_st, i_t, T_b, U1_s, b_a, b_ll, m_occ, NB: tl.constexpr,
+               STORED: tl.constexpr, HAT: tl.constexpr, ACC: tl.constexpr):
+    """The token block's epilogue after the softmax's share ``b_g = p w`` (``[BLOCK_R,
+    BLOCK_V]``, classes ``o_v``), the one formula of both gradient kernels::
+
+        g[c] = p[c] w - sum_i ob_i [c = cls_i] - oe [c = y]
+
+    (``HAT``: ``g[blank] = gb`` instead of the blank arc's term, ``w = oe``), ``b_y`` each
+    row's target, ``b_oe`` its emission's occupation. The blank arcs' occupations
+    ``ob_i``: ``STORED`` (the tiles), loaded at ``p_ob + i``; else (the full joint) the
+    first ``b_o0`` and the others recomputed from the lattice per block
+    (``_blank_occupation``: a kernel cannot keep a table-sized list of blocks)."""
+    if HAT:
+        b_g = tl.where(o_v[None, :] == b_hb, b_gb[:, None], b_g)
+    else:
+        for i in tl.static_range(NB):
+            if STORED:
+                b_o = tl.load(p_ob + i, mask=m_occ, other=0.0)
+            elif i == 0:
+                b_o = b_o0
+            else:
+                b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
+                                        b_a, b_ll, m_occ, i, NB)
+            b_g = b_g - tl.where(o_v[None, :] == tl.load(cls_ptr + i), b_o.to(ACC)[:, None],
+                                 0.0)
+    return b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe[:, None], 0.0)
+
+
+@triton.jit
 def _store_token_grad(p_x, sx_v, p_g, sg_v, p_y, tab_ptr, bd_ptr, par_ptr, ab_ptr, nz_ptr,
                       beta_ptr, i_r, o_st, i_t, T_b, U1_s, V, b_a, b_ll, b_o0, b_oe, b_tot,
                       clamp_l, scale_l, m_r, m_occ, m_e, m_nan, NB: tl.constexpr,
@@ -310,6 +340,8 @@ def _store_token_grad(p_x, sx_v, p_g, sg_v, p_y, tab_ptr, bd_ptr, par_ptr, ab_pt
     grad_scale = scale_l.to(ACC)
     b_oe_acc = b_oe.to(ACC)
     b_y = tl.load(p_y, mask=m_e, other=-1)
+    b_hb = -1  # HAT's blank class and its gradient (else unread)
+    b_gb = b_oe_acc
     if FUSED:
         b_nm = tl.load(nz_ptr + 2 * i_r, mask=m_occ, other=0.0)
         b_ls = tl.load(nz_ptr + 2 * i_r + 1, mask=m_occ, other=0.0)
@@ -336,18 +368,9 @@ def _store_token_grad(p_x, sx_v, p_g, sg_v, p_y, tab_ptr, bd_ptr, par_ptr, ab_pt
             b_g = tl.where(m_lz[:, None], b_p, 0.0) * b_w[:, None]
         else:
             b_g = tl.zeros([BLOCK_R, BLOCK_V], ACC)
-        if HAT:
-            b_g = tl.where(o_v[None, :] == b_hb, b_gb[:, None], b_g)
-        else:
-            for i in tl.static_range(NB):
-                if i == 0:
-                    b_o = b_o0
-                else:
-                    b_o = _blank_occupation(ab_ptr, bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s,
-                                            b_a, b_ll, m_occ, i, NB)
-                b_g = b_g - tl.where(o_v[None, :] == tl.load(tab_ptr + i),
-                                     b_o.to(ACC)[:, None], 0.0)
-        b_g = b_g - tl.where(o_v[None, :] == b_y[:, None], b_oe_acc[:, None], 0.0)
+        b_g = _arc_grads(b_g, o_v, b_y, b_oe_acc, b_hb, b_gb, tab_ptr, tab_ptr, b_o0, ab_ptr,
+                         bd_ptr, beta_ptr, i_r, o_st, i_t, T_b, U1_s, b_a, b_ll, m_occ, NB,
+                         False, HAT, ACC)
         if HAS_CLAMP:
             b_g = tl.minimum(tl.maximum(b_g, -clamp), clamp)
         b_g = b_g * grad_scale
@@ -569,20 +592,20 @@ def _clamp_part(b_g, cl):
 def _tile_token_part(b_p, p_k, o_v, cls_ptr, b_y, b_sig, m_r, NC: tl.constexpr,
                      HAT: tl.constexpr, ACC: tl.constexpr):
     """One part's token gradient of a ``[BLOCK_R, BLOCK_V]`` block before its clamp, from
-    the probabilities ``b_p`` and the part's row weights at ``p_k`` (float64)."""
+    the probabilities ``b_p`` and the part's row weights at ``p_k`` (float64): the full
+    joint's ``_arc_grads`` with the occupations stored."""
     b_w = tl.load(p_k, mask=m_r, other=0.0)
-    b_oe = tl.load(p_k + 2, mask=m_r, other=0.0)
+    b_oe = tl.load(p_k + 2, mask=m_r, other=0.0).to(ACC)
+    b_hb = -1
+    b_gb = b_oe
     if HAT:  # the labels' softmax weighs the emission; the blank's sigmoid, every arc
-        b_gk = b_p * b_oe.to(ACC)[:, None]
-        b_gb = b_sig * b_w - tl.load(p_k + 3, mask=m_r, other=0.0)
-        b_gk = tl.where(o_v[None, :] == tl.load(cls_ptr), b_gb.to(ACC)[:, None], b_gk)
+        b_hb = tl.load(cls_ptr)
+        b_gb = (b_sig * b_w - tl.load(p_k + 3, mask=m_r, other=0.0)).to(ACC)
+        b_g = b_p * b_oe[:, None]
     else:
-        b_gk = b_p * b_w.to(ACC)[:, None]
-        for i in tl.static_range(NC):
-            b_ob = tl.load(p_k + 3 + i, mask=m_r, other=0.0)
-            b_gk = b_gk - tl.where(o_v[None, :] == tl.load(cls_ptr + i), b_ob.to(ACC)[:, None],
-                                   0.0)
-    return b_gk - tl.where(o_v[None, :] == b_y[:, None], b_oe.to(ACC)[:, None], 0.0)
+        b_g = b_p * b_w.to(ACC)[:, None]
+    return _arc_grads(b_g, o_v, b_y, b_oe, b_hb, b_gb, cls_ptr, p_k + 3, b_w, p_k, p_k, p_k,
+                      m_r, 0, 0, 0, 0, b_w, b_w, m_r, NC, True, HAT, ACC)
 
 
 @triton.jit
