@@ -45,7 +45,14 @@ from .._core.errors import InputError, InputTypeError
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import resolve_token_blank, transducer_inputs, transducer_values
-from .joint.table import JointTable, delay_terms, multiblank_table, rnnt_table, tdt_table
+from .joint.table import (
+    JointTable,
+    delay_terms,
+    epilogue_weights,
+    multiblank_table,
+    rnnt_table,
+    tdt_table,
+)
 from .multiblank import multiblank_options
 from .rnnt import rnnt_options
 from .tdt import check_tdt_durations, tdt_options
@@ -397,8 +404,7 @@ def _branch_loss(plan: _Plan, br: _Branch, kern, lb: Tensor, ly: Tensor,
     """One branch's ``(B,)`` float64 loss from the tiles' log-probabilities, its lattice
     occupations left on ``br`` (``br.occ``, the epilogue's per-row weights) for the
     backward."""
-    B, T, U1, D = len(plan.Tl), plan.T, plan.U1, plan.D
-    acc, device = plan.acc, lb.device  # type: ignore[attr-defined]
+    T, D, acc = plan.T, plan.D, plan.acc
     tb = br.table
     sig = tb.sigma
 
@@ -418,21 +424,7 @@ def _branch_loss(plan: _Plan, br: _Branch, kern, lb: Tensor, ly: Tensor,
     ob, oe = ob.to(acc), oe.to(acc)
     scale = 1.0 + tb.fastemit_lambda
     oe = oe * scale
-    nt = len(plan.blank_tokens)
-    occ = torch.zeros((B, T, U1, 3 + nt + D), dtype=acc, device=device)
-    total = ob.sum(-1) + oe.sum(-1)
-    occ[..., 0] = total
-    if tb.num_durations:  # TDT's RNN-T branch (omega) weighs no duration logit
-        occ[..., 1] = total
-    occ[..., 2] = oe.sum(-1)
-    for i, a in enumerate(tb.blank_arcs):
-        occ[..., 3 + plan.blank_tokens.index(a.token)] += ob[..., i]
-        if a.duration_logit is not None:
-            occ[..., 3 + nt + a.duration_logit] += ob[..., i]
-    for j, a in enumerate(tb.emit_arcs):
-        if a.duration_logit is not None:
-            occ[..., 3 + nt + a.duration_logit] += oe[..., j]
-    br.occ = occ
+    br.occ = epilogue_weights(tb, ob, oe, plan.blank_tokens, D)
     return -ll.to(torch.float64) * scale
 
 

@@ -12,8 +12,9 @@ Kernel interface shared with ``numba_cpu.py`` and ``triton_cuda.py``::
     joint_tile_grad(x, lz, lzd, occ, cls, targets, hat_blank, clamp, gscale, out) -> out
 
 ``joint_tile_grad`` is the epilogue alone, on a tile of rows whose occupations are known
-(the losses from the joint, ``from_joint.py``, call it per tile in their backward; the
-Numba backend's is ``numba_rows.joint_tile_grad``, beside its row passes). See
+(``table.epilogue_weights``): the losses from the joint, ``from_joint.py``, call it per
+tile in their backward, and ``joint_loss_forward`` here on the whole joint as one tile
+(the reference's one epilogue). See
 ``table.py`` for the math. The reference materializes log-softmaxes in float64
 on a padded copy: the memory rules bind the fast backends, not the oracle.
 """
@@ -23,10 +24,11 @@ from __future__ import annotations
 import torch
 
 from ..lattice.reference import transducer_lattice
-from .table import JointTable, delay_terms
+from .table import JointTable, delay_terms, epilogue_weights
 
 NEG_INF = float("-inf")
 NAN = float("nan")
+INF = float("inf")
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -69,9 +71,9 @@ def _log_softmax(x: torch.Tensor) -> torch.Tensor:
 
 def _arc_scores(x: torch.Tensor, tg: torch.Tensor, Tl: torch.Tensor, table: JointTable,
                 fused_log_softmax: bool) -> tuple[torch.Tensor, ...]:
-    """The prologue: ``(arc_blank, arc_emit, lp_t, lp_d)`` from the padded float64 joint
-    ``x (B, T, U+1, V + D)``; ``lp_t``/``lp_d`` the blocks' log-probs (``lp_d`` None
-    without durations; HAT: the labels' log-softmax, the blank's class out of it)."""
+    """The prologue: ``(arc_blank, arc_emit)`` from the padded float64 joint
+    ``x (B, T, U+1, V + D)`` (HAT: the labels' log-softmax, the blank's class out of it,
+    and the blank's sigmoid)."""
     B, T, U1, _ = x.shape
     U = U1 - 1
     V, D = table.num_tokens, table.num_durations
@@ -103,42 +105,7 @@ def _arc_scores(x: torch.Tensor, tg: torch.Tensor, Tl: torch.Tensor, table: Join
         arc_blank = torch.stack([score(lp_t[..., a.token] - table.sigma, a.duration_logit)
                                  for a in table.blank_arcs], -1)
     arc_emit = torch.stack([score(lp_y, a.duration_logit) for a in table.emit_arcs], -1)
-    return arc_blank, arc_emit, lp_t, lp_d
-
-
-def _arc_gradient(x: torch.Tensor, tg: torch.Tensor, lp_t: torch.Tensor, lp_d: torch.Tensor | None,
-                  occ_b: torch.Tensor, oe: torch.Tensor, table: JointTable,
-                  fused_log_softmax: bool) -> torch.Tensor:
-    """The epilogue: the gradient like ``x`` (before the clamp and scale) from the arc
-    occupations ``occ_b`` and ``oe`` (FastEmit's ``1 + λ`` applied)."""
-    B, T, U1, _ = x.shape
-    U = U1 - 1
-    V, D = table.num_tokens, table.num_durations
-    idx = tg[:, None, :, None].expand(B, T, U, 1)
-    if table.hat:
-        hb = table.blank_arcs[0].token
-        zb = x[..., hb]
-    total = occ_b.sum(-1) + oe.sum(-1)  # every arc leaving (t, u)
-    grad = torch.zeros_like(x)
-    gt, gd = grad[..., :V], grad[..., V : V + D]
-    if table.hat:
-        # The labels' softmax weighs the emission alone; the blank's sigmoid every arc.
-        gt += torch.exp(lp_t) * oe.sum(-1)[..., None]
-        gt[..., hb] = torch.sigmoid(zb) * total
-    elif fused_log_softmax:
-        gt += torch.exp(lp_t) * total[..., None]
-        if D:
-            gd += torch.exp(lp_d) * total[..., None]
-    for i, a in enumerate(table.blank_arcs):
-        gt[..., a.token] -= occ_b[..., i]
-        if a.duration_logit is not None:
-            gd[..., a.duration_logit] -= occ_b[..., i]
-    if U:
-        gt[:, :, :U].scatter_add_(3, idx, -oe[:, :, :U].sum(-1, keepdim=True))
-    for j, a in enumerate(table.emit_arcs):
-        if a.duration_logit is not None:
-            gd[..., a.duration_logit] -= oe[..., j]
-    return grad
+    return arc_blank, arc_emit
 
 
 def joint_loss_forward(
@@ -195,7 +162,7 @@ def joint_loss_forward(
     row_max = x.amax(-1) if W else x.new_zeros(x.shape[:-1])
     bad = ((~(row_max < float("inf"))) & valid).flatten(1).any(1)
 
-    arc_blank, arc_emit, lp_t, lp_d = _arc_scores(x, tg, Tl, table, fused_log_softmax)
+    arc_blank, arc_emit = _arc_scores(x, tg, Tl, table, fused_log_softmax)
     ll, occ_b, occ_e = transducer_lattice(
         arc_blank, arc_emit, Tl, Ul, table.blank_durations, table.emit_durations, compute_grad,
         table.emit_can_end,
@@ -205,11 +172,23 @@ def joint_loss_forward(
     if not compute_grad:
         return loss, logits.new_empty(0)
 
-    grad = _arc_gradient(x, tg, lp_t, lp_d, occ_b, occ_e * scale, table, fused_log_softmax)
-    if table.clamp > 0:
-        grad = grad.clamp(-table.clamp, table.clamp)
-    if grad_scale != 1.0:
-        grad = grad * grad_scale
+    # The epilogue is joint_tile_grad's, on the whole joint as one tile.
+    V, D = table.num_tokens, table.num_durations
+    cls = tuple(dict.fromkeys(table.blank_tokens))
+    occ = epilogue_weights(table, occ_b, occ_e * scale, cls, D)[None]
+    xt, xd = x[..., :V], x[..., V : V + D]
+    hb = table.blank_arcs[0].token if table.hat else -1
+    if table.hat:  # the labels' normalizer, the blank's class out of it
+        xt = xt.index_fill(-1, torch.tensor([hb], device=device), NEG_INF)
+    # not fused (log-probabilities): log Z = +inf, the softmax's share 0
+    lz = torch.logsumexp(xt, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
+    lzd = None
+    if D:
+        lzd = torch.logsumexp(xd, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
+    tgu = torch.cat([tg, tg.new_zeros(B, 1)], 1)  # the last row emits nothing (oe = 0)
+    grad = joint_tile_grad(x, lz, lzd, occ, cls, tgu, hb, (table.clamp,),
+                           torch.full((1, B), grad_scale, dtype=acc, device=device),
+                           torch.empty_like(x))
     grad = torch.where(valid[..., None], grad, 0.0)
     grad = torch.where((bad[:, None, None] & valid)[..., None], NAN, grad)
     if packed:

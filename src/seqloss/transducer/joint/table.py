@@ -222,3 +222,27 @@ def tdt_table(V: int, blank: int, durations: tuple[int, ...], sigma: float = 0.0
                       num_durations=len(durations), sigma=sigma, clamp=clamp,
                       delay_penalty=delay_penalty)
 
+
+def epilogue_weights(table: JointTable, ob: torch.Tensor, oe: torch.Tensor,
+                     blank_tokens: tuple[int, ...], D: int) -> torch.Tensor:
+    """Each row's weights for the joint's epilogue (``joint_tile_grad``) from ``table``'s
+    arc occupations ``ob (..., len(blank_arcs))`` and ``oe (..., len(emit_arcs))``
+    (FastEmit's factor applied): ``(..., 3 + len(blank_tokens) + D)``, holding the token
+    block's weight ``w`` (every arc leaving the row), the duration block's ``wd`` (``w``;
+    0 for a table without durations, as TDT's RNN-T branch), the emission's ``oe``, each
+    class of ``blank_tokens``' blank occupation, each duration logit's occupation."""
+    nt = len(blank_tokens)
+    occ = ob.new_zeros((*ob.shape[:-1], 3 + nt + D))
+    total = ob.sum(-1) + oe.sum(-1)
+    occ[..., 0] = total
+    if table.num_durations:
+        occ[..., 1] = total
+    occ[..., 2] = oe.sum(-1)
+    for i, a in enumerate(table.blank_arcs):
+        occ[..., 3 + blank_tokens.index(a.token)] += ob[..., i]
+        if a.duration_logit is not None:
+            occ[..., 3 + nt + a.duration_logit] += ob[..., i]
+    for j, a in enumerate(table.emit_arcs):
+        if a.duration_logit is not None:
+            occ[..., 3 + nt + a.duration_logit] += oe[..., j]
+    return occ
