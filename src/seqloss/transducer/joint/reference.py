@@ -108,6 +108,30 @@ def _arc_scores(x: torch.Tensor, tg: torch.Tensor, Tl: torch.Tensor, table: Join
     return arc_blank, arc_emit
 
 
+def _epilogue(x: torch.Tensor, tg: torch.Tensor, occ_b: torch.Tensor, occ_e: torch.Tensor,
+              table: JointTable, fused_log_softmax: bool, grad_scale: float) -> torch.Tensor:
+    """The gradient like the padded float64 ``x`` from the arc occupations (``occ_e`` with
+    FastEmit's factor), clamped and scaled: ``joint_tile_grad`` on the whole joint as one
+    tile (the epilogue of the losses from the joint, per tile)."""
+    B = x.shape[0]
+    V, D = table.num_tokens, table.num_durations
+    cls = tuple(dict.fromkeys(table.blank_tokens))
+    occ = epilogue_weights(table, occ_b, occ_e, cls, D)[None]
+    xt, xd = x[..., :V], x[..., V : V + D]
+    hb = table.blank_arcs[0].token if table.hat else -1
+    if table.hat:  # the labels' normalizer, the blank's class out of it
+        xt = xt.index_fill(-1, torch.tensor([hb], device=x.device), NEG_INF)
+    # not fused (log-probabilities): log Z = +inf, the softmax's share 0
+    lz = torch.logsumexp(xt, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
+    lzd = None
+    if D:
+        lzd = torch.logsumexp(xd, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
+    tgu = torch.cat([tg, tg.new_zeros(B, 1)], 1)  # the last row emits nothing (oe = 0)
+    return joint_tile_grad(x, lz, lzd, occ, cls, tgu, hb, (table.clamp,),
+                           torch.full((1, B), grad_scale, dtype=x.dtype, device=x.device),
+                           torch.empty_like(x))
+
+
 def joint_loss_forward(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -172,23 +196,7 @@ def joint_loss_forward(
     if not compute_grad:
         return loss, logits.new_empty(0)
 
-    # The epilogue is joint_tile_grad's, on the whole joint as one tile.
-    V, D = table.num_tokens, table.num_durations
-    cls = tuple(dict.fromkeys(table.blank_tokens))
-    occ = epilogue_weights(table, occ_b, occ_e * scale, cls, D)[None]
-    xt, xd = x[..., :V], x[..., V : V + D]
-    hb = table.blank_arcs[0].token if table.hat else -1
-    if table.hat:  # the labels' normalizer, the blank's class out of it
-        xt = xt.index_fill(-1, torch.tensor([hb], device=device), NEG_INF)
-    # not fused (log-probabilities): log Z = +inf, the softmax's share 0
-    lz = torch.logsumexp(xt, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
-    lzd = None
-    if D:
-        lzd = torch.logsumexp(xd, -1) if fused_log_softmax else torch.full_like(x[..., 0], INF)
-    tgu = torch.cat([tg, tg.new_zeros(B, 1)], 1)  # the last row emits nothing (oe = 0)
-    grad = joint_tile_grad(x, lz, lzd, occ, cls, tgu, hb, (table.clamp,),
-                           torch.full((1, B), grad_scale, dtype=acc, device=device),
-                           torch.empty_like(x))
+    grad = _epilogue(x, tg, occ_b, occ_e * scale, table, fused_log_softmax, grad_scale)
     grad = torch.where(valid[..., None], grad, 0.0)
     grad = torch.where((bad[:, None, None] & valid)[..., None], NAN, grad)
     if packed:
