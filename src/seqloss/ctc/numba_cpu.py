@@ -832,7 +832,7 @@ def _ctc_fast_one(addrs, x, tb_layout, b, C, lab, Tb, fused, dp, compute_grad, g
             _copy_row(AO, 0, CO, sg)
             _copy_row(KA, 0, CK, sg)
             _fast_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, _NO(), t0, t1, lses,
-                        E, AE, AO, KA, CE, CO, CK, sk, lp, bsh, False)
+                        E, AE, AO, KA, CE, CO, CK, sk, lp, bsh, _NO())
         for t in range(t1 - 1, t0 - 1, -1):
             r = t - t0
             lo = max(0, K - 2 * (Tb - t))
