@@ -751,12 +751,13 @@ def _tile_part(buf, o, V, D, occf, oc, cls, dcls, y, hb, sig, clamp, gscale, tin
     times a reduction's ``1 / B`` can be subnormal, which the joint's backward matmul
     reads many times slower)."""
     w, wd, oe = occf[oc], occf[oc + 1], occf[oc + 2]
-    if hb >= 0:  # HAT: the labels weigh the emission; the blank's sigmoid every arc
-        grad_row(buf, o, V, True, buf.dtype.type(oe), False, cls, occf, oc + 3, 0, y, oe, hb,
-                 sig * w - occf[oc + 3], clamp, 1.0, tiny)
-    else:
-        grad_row(buf, o, V, True, buf.dtype.type(w), False, cls, occf, oc + 3, cls.shape[0], y,
-                 oe, -1, 0.0, clamp, 1.0, tiny)
+    # One grad_row call for both normalizers (each call site is one more inlined copy to
+    # compile): HAT's labels weigh the emission, its blank's sigmoid every arc.
+    ww, nc, gb = w, cls.shape[0], 0.0
+    if hb >= 0:
+        ww, nc, gb = oe, 0, sig * w - occf[oc + 3]
+    grad_row(buf, o, V, True, buf.dtype.type(ww), False, cls, occf, oc + 3, nc, y, oe, hb, gb,
+             clamp, 1.0, tiny)
     if D:
         grad_row(buf, o + V, D, True, buf.dtype.type(wd), False, dcls, occf,
                  oc + 3 + cls.shape[0], D, -1, 0.0, -1, 0.0, clamp, 1.0, tiny)
@@ -799,20 +800,21 @@ def _tile_job(x, xs, same, g, gs, NT, NU, V, D, lz, lzd, occ, cls, dcls, tg, hb,
             if D:
                 _exp_row(x, xo + V, same, g, go + V, D, lzd[r])
             y = tg[b, u]
-            if K == 1:
-                _tile_part(g, go, V, D, occf, r * C, cls, dcls, y, hb, sig, clamp[0],
-                           gscale[0, b], tiny)
-                continue
-            for v in range(W):
+            # One _tile_part call site (each is one more inlined copy to compile): the row
+            # itself for one part, else a copy per part, summed.
+            for v in range(W if K > 1 else 0):
                 acc[v] = 0.0
             for k in range(K):
-                for v in range(W):
-                    tmp[v] = g[go + v]
-                _tile_part(tmp, 0, V, D, occf, (k * R + r) * C, cls, dcls, y, hb, sig, clamp[k],
-                           gscale[k, b], tiny)
-                for v in range(W):
+                buf, bo = g, go
+                if K > 1:
+                    for v in range(W):
+                        tmp[v] = g[go + v]
+                    buf, bo = tmp, 0
+                _tile_part(buf, bo, V, D, occf, (k * R + r) * C, cls, dcls, y, hb, sig,
+                           clamp[k], gscale[k, b], tiny)
+                for v in range(W if K > 1 else 0):
                     acc[v] += tmp[v]
-            for v in range(W):
+            for v in range(W if K > 1 else 0):
                 a = g.dtype.type(acc[v])
                 g[go + v] = 0.0 if abs(a) < tiny else a
 
