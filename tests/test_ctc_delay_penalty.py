@@ -314,6 +314,30 @@ def test_large_penalty_numba_paths(logits):
         assert_close_budget(grad, want_g, rtol=0.0, atol=1e-10, what="grad")
 
 
+@pytest.mark.parametrize("T, S, logits, dp", [
+    (1000, 100, "randn", -1.0), (1000, 100, "uniform", -1.0), (2000, 150, "randn", -0.5),
+    (600, 10, "uniform", -1.5)])
+def test_checked_drops_keep_the_fast_path(T, S, logits, dp):
+    """Cases the fast path used to hand to the extended one (an underflow in a block whose
+    maximum was small, refused at once): each drop's bound is now checked at the frame's
+    occupation against what it meets, so all three sequences stay fast, and exact."""
+    nk = pytest.importorskip("seqloss.ctc.numba_cpu")
+    g = torch.Generator().manual_seed(T + S)
+    x = torch.randn(T, 3, 30, generator=g, dtype=torch.float64)
+    if logits == "uniform":
+        x = torch.zeros_like(x)
+    x = x.log_softmax(-1)
+    tg = torch.randint(1, 30, (3, S), generator=g)
+    il, tl = torch.tensor([T, T - 7, T - 50]), torch.tensor([S, S - 1, S - 3])
+    status: list[str] = []
+    loss, grad = nk.ctc_loss_forward(x, tg, il, tl, 0, False, True, delay_penalty=dp,
+                                     _status=status)
+    assert status == ["fast"] * 3
+    want, want_g = torch_oracle(x, tg, il, tl, 0, dp, False)
+    assert_close_budget(loss, want, rtol=1e-11, what="loss")
+    assert_close_budget(grad, want_g, rtol=0.0, atol=1e-10, what="grad")
+
+
 # ------------------------------------------------------------------ arguments
 @pytest.mark.parametrize("bad", [float("nan"), INF, -INF])
 def test_non_finite_is_an_input_error(bad):

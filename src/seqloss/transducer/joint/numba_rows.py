@@ -305,11 +305,11 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
     blank class, written ``gb`` after the scaling instead. ``clamp <= 0``: none.
     A product or difference below ``tiny`` in magnitude is written as 0: every path
     passes a float32/float64 gradient's smallest normal (the joint's backward matmul
-    reads subnormals many times slower on x86, and a product that comes out subnormal
-    costs a microcode assist), half precision's float32 scratch its own. ``desc`` (the
-    table kernel, which sets ``w = 0`` below ``tiny``) scales only, a plain multiply: a
-    select there cost 15% of multi-blank's backward (B8-T150-U40-V1024), so a product
-    may come out subnormal, exact. The row backwards, scaled only (the
+    reads subnormals many times slower on x86), half precision's float32 scratch its
+    own. (A product that comes out subnormal still costs a microcode assist: the table
+    kernel sets ``w = 0`` for a row whose every product would; zeroing small inputs before
+    the product too cost 15% of multi-blank's backward, B8-T150-U40-V1024, the flush
+    alone 2-4%.) ``desc``: the row backwards, scaled only (the
     table kernel visits rows in descending order: one descending stream the prefetcher
     follows). NaN stays NaN. The row is ``buf`` and an offset, indexed unsigned: a view
     per row cost the table kernel an atomic reference count pair each (multi-blank and
@@ -321,8 +321,12 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
         for v in range(V):
             buf[u0 + np.uint64(v)] = 0.0
     elif desc:
+        z = buf.dtype.type(0.0)
+        ty = buf.dtype.type(tiny)
         for v in range(V - 1, -1, -1):
-            buf[u0 + np.uint64(v)] *= w
+            k = u0 + np.uint64(v)
+            p = buf[k] * w
+            buf[k] = z if abs(p) < ty else p
     else:
         for v in range(V):
             k = u0 + np.uint64(v)
@@ -343,10 +347,14 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
         for v in range(V):
             k = u0 + np.uint64(v)
             buf[k] = min(max(buf[k], -h), h)
-    if gscale != 1.0:
+    if gscale != 1.0:  # a reduction's factor: its products flushed too
         sc = buf.dtype.type(gscale)
+        z = buf.dtype.type(0.0)
+        ty = buf.dtype.type(tiny)
         for v in range(V):
-            buf[u0 + np.uint64(v)] *= sc
+            k = u0 + np.uint64(v)
+            p = buf[k] * sc
+            buf[k] = z if abs(p) < ty else p
 
 
 @njit(inline="always", cache=True, error_model="numpy")
