@@ -507,10 +507,6 @@ def _check(loss, g, want, want_g, occ, il, tl, dtype):
     tiny_rows = valid & (row < 2.0**-151)
     assert bool(tiny_rows.any())
     assert (g[tiny_rows] == 0).all()
-    # Subnormals are flushed (each one costs a microcode assist where it is made and where
-    # the joint's backward reads it): every entry is 0 or at least the smallest normal.
-    assert bool((g.abs() >= torch.finfo(dtype).tiny)[g != 0].all())
-    assert bool((valid & (row < 2.0**-126) & (row > 2.0**-151)).any())
     ok = valid & (row > 1e-30)
     assert bool((valid & (row > 1e-30) & (row < 1e-10)).any())
     assert bool((err[ok] <= 1e-3 * want_g.abs()[ok] + 1e-5 * row[ok]).all()), \
@@ -677,7 +673,8 @@ def test_grad_row_against_the_formula(dtype, scaled, desc, clamp, gscale, hb, y)
     """The Numba joint's one row epilogue (row passes, HAT, the many-arc tables) against
     its formula in float64 numpy: ``clamp(row w - occupations at their classes - oy at y,
     HAT's blank set) * gscale``, products and differences under ``tiny`` written as 0 (the
-    subnormal flush, in both directions); the rest of the buffer untouched."""
+    subnormal flush; the descending pass's products exact); the rest of the buffer
+    untouched."""
     rng = np.random.default_rng(7)
     V, o = 11, 6
     buf = rng.uniform(0.0, 1.0, 2 * o + V).astype(dtype)
@@ -697,7 +694,7 @@ def test_grad_row_against_the_formula(dtype, scaled, desc, clamp, gscale, hb, y)
     if not scaled:
         want = np.zeros(V)
     else:
-        want = np.array([flush(float(dtype(r * w))) for r in row])
+        want = np.array([(r * float(w)) if desc else flush(float(dtype(r * w))) for r in row])
     for k in range(3):
         want[cls[k]] = flush(float(dtype(want[cls[k]])) - occ[1 + k])
     if hb >= 0:
@@ -706,11 +703,14 @@ def test_grad_row_against_the_formula(dtype, scaled, desc, clamp, gscale, hb, y)
         want[y] = flush(float(dtype(want[y])) - 0.125)
     if clamp > 0:
         want = np.clip(want.astype(dtype), -dtype(clamp), dtype(clamp)).astype(np.float64)
-    want = np.array([flush(float(v)) for v in want.astype(dtype) * dtype(gscale)])
+    want = want.astype(dtype) * dtype(gscale)
+    if gscale != 1.0:  # a reduction's factor: its products flushed
+        want = np.array([flush(float(v)) for v in want])
+    want = want.astype(np.float64)
     got = buf[o:o + V].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=0)
     assert np.array_equal(buf[:o], before[:o]) and np.array_equal(buf[o + V:], before[o + V:])
-    if scaled:
+    if scaled and not desc:
         assert got[2] == 0.0 if dtype == np.float32 else got[2] != 0.0  # the flush
 
 

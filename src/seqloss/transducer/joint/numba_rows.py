@@ -306,10 +306,10 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
     A product or difference below ``tiny`` in magnitude is written as 0: every path
     passes a float32/float64 gradient's smallest normal (the joint's backward matmul
     reads subnormals many times slower on x86), half precision's float32 scratch its
-    own. (A product that comes out subnormal still costs a microcode assist: the table
-    kernel sets ``w = 0`` for a row whose every product would; zeroing small inputs before
-    the product too cost 15% of multi-blank's backward, B8-T150-U40-V1024, the flush
-    alone 2-4%.) ``desc``: the row backwards, scaled only (the
+    own; except ``desc``'s products (the table kernel, which sets ``w = 0`` for a row whose
+    every product would be below ``tiny``): a plain multiply there, exact, where a flush
+    cost multi-blank and TDT 7-8% (B8-T150-U40-V1024; a select on the inputs too, 15%).
+    ``desc``: the row backwards, scaled only (the
     table kernel visits rows in descending order: one descending stream the prefetcher
     follows). NaN stays NaN. The row is ``buf`` and an offset, indexed unsigned: a view
     per row cost the table kernel an atomic reference count pair each (multi-blank and
@@ -321,12 +321,8 @@ def grad_row(buf, o, V, scaled, w, desc, cls, occ, o0, nc, y, oy, hb, gb, clamp,
         for v in range(V):
             buf[u0 + np.uint64(v)] = 0.0
     elif desc:
-        z = buf.dtype.type(0.0)
-        ty = buf.dtype.type(tiny)
         for v in range(V - 1, -1, -1):
-            k = u0 + np.uint64(v)
-            p = buf[k] * w
-            buf[k] = z if abs(p) < ty else p
+            buf[u0 + np.uint64(v)] *= w
     else:
         for v in range(V):
             k = u0 + np.uint64(v)
