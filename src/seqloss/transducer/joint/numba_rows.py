@@ -750,10 +750,9 @@ def _exp_row(x, xo, same, g, go, n, lz):
 @njit(inline="always", cache=True, error_model="numpy")
 def _tile_part(buf, o, V, D, occf, oc, cls, dcls, y, hb, sig, clamp, gscale, tiny):
     """One part of a row's gradient over its probabilities in ``buf[o : o + V + D]``
-    (weights and occupations at ``occf[oc:]``, see ``joint_tile_grad``). The factor
-    ``gscale`` here, not in ``grad_row``: its products are flushed too (a clamped value
-    times a reduction's ``1 / B`` can be subnormal, which the joint's backward matmul
-    reads many times slower)."""
+    (weights and occupations at ``occf[oc:]``, see ``joint_tile_grad``), times the part's
+    factor ``gscale`` (``grad_row`` flushes its products: a clamped value times a
+    reduction's ``1 / B`` can be subnormal)."""
     w, wd, oe = occf[oc], occf[oc + 1], occf[oc + 2]
     # One grad_row call for both normalizers (each call site is one more inlined copy to
     # compile): HAT's labels weigh the emission, its blank's sigmoid every arc.
@@ -761,17 +760,10 @@ def _tile_part(buf, o, V, D, occf, oc, cls, dcls, y, hb, sig, clamp, gscale, tin
     if hb >= 0:
         ww, nc, gb = oe, 0, sig * w - occf[oc + 3]
     grad_row(buf, o, V, True, buf.dtype.type(ww), False, cls, occf, oc + 3, nc, y, oe, hb, gb,
-             clamp, 1.0, tiny)
+             clamp, gscale, tiny)
     if D:
         grad_row(buf, o + V, D, True, buf.dtype.type(wd), False, dcls, occf,
-                 oc + 3 + cls.shape[0], D, -1, 0.0, -1, 0.0, clamp, 1.0, tiny)
-    if gscale != 1.0:
-        sc = buf.dtype.type(gscale)
-        u0 = np.uint64(o)
-        for v in range(V + D):
-            k = u0 + np.uint64(v)
-            p = buf[k] * sc
-            buf[k] = 0.0 if abs(p) < tiny else p
+                 oc + 3 + cls.shape[0], D, -1, 0.0, -1, 0.0, clamp, gscale, tiny)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM_TILE)
