@@ -310,7 +310,7 @@ def rnnt_loss_pruned(
     name = resolve_backend(backend, logits.device)
     lens, sym_ext = checks.bounds(bnd, sym, ranges, T, C, term, rt, R, validate)
     logits = logits.to(arcs.compute_dtype(logits.dtype))
-    emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt, use_hat_loss)
+    emit, blank = arcs.pruned_arcs(logits, ranges, sym_ext, term, rt, use_hat_loss, name)
     return _finish(emit, blank, lens, rt, bnd, dp, T, S, reduction, False, name, validate,
                    zero_infinity)
 

@@ -50,6 +50,7 @@ from .numba_rows import RowPasses, _flat, _rows_of, grad_row, rows_ok
 
 # the backend's tile epilogue (the losses from the joint), re-exported
 from .numba_rows import joint_tile_grad as joint_tile_grad
+from .numba_rows import window_arcs as window_arcs
 from .table import JointTable
 
 NEG_INF = float("-inf")

@@ -717,6 +717,55 @@ class RowPasses:
         return tgn, (self.ub1 if emit_last else own_lines(self.ub1 - 1))
 
 
+# --------------------------------------------------------------------------- window
+@njit(nogil=True, cache=True, error_model="numpy", fastmath=_FM)
+def _window_job(x, xs, T, R, V, sym, term, px, py, lz, step, job):
+    """Rows ``i = (b T + t) R + r`` in ``[job step, (job + 1) step)`` of a pruned joint's
+    window ``x (B, T, R, V)`` (row at ``b xs[0] + t xs[1] + r xs[2]``): ``lz[i]``, the
+    row's log-normalizer (float64, ``-inf`` for a row of ``-inf``), and its two arcs
+    ``px[i] = x[sym[i]] - lz``, ``py[i] = x[term] - lz`` (as ``(x - m) - log s``: exact
+    where the row's maximum is the arc's logit). NaN or ``+inf`` in a row gives NaN arcs."""
+    acc = np.empty(_LANES, x.dtype)
+    zero = np.zeros(1, x.dtype)[0]
+    for i in range(job * step, min(px.shape[0], (job + 1) * step)):
+        f = i // R
+        o = (f // T) * xs[0] + (f % T) * xs[1] + (i - f * R) * xs[2]
+        xrow = x[o : o + V]
+        m = _row_max(xrow, V, acc)
+        if m == -np.inf:  # a row of -inf: s = 0, arcs -inf - -inf = NaN (as torch's)
+            m = zero
+        s = zero
+        for v in range(V):
+            s += _exp(xrow[v] - m)
+        ls = math.log(np.float64(s)) if s > 0 else (-np.inf if s == 0 else np.nan)
+        mm = np.float64(m)
+        lz[i] = mm + ls
+        px[i] = (np.float64(xrow[sym[i]]) - mm) - ls
+        py[i] = (np.float64(xrow[term]) - mm) - ls
+
+
+def window_arcs(x: torch.Tensor, sym: torch.Tensor, term: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A pruned joint's window ``x (B, T, R, V)`` (float32/float64, unit stride along the
+    classes): ``(px, py, lz)``, ``(B, T, R)``, the log-probabilities of each row's symbol
+    ``sym (B, T, R)`` and of ``term`` in ``x``'s dtype, and the float64 log-normalizer.
+    One read of the window, where torch's ``logsumexp`` makes four passes over a
+    window-sized temporary."""
+    B, T, R, V = x.shape
+    px = torch.empty((B, T, R), dtype=x.dtype)
+    py = torch.empty_like(px)
+    lz = torch.empty((B, T, R), dtype=torch.float64)
+    N = B * T * R
+    if N:
+        step = max(1, min(N, (1 << 18) // max(V, 1), N // (4 * max(1, torch.get_num_threads()))))
+        run_jobs(_window_job, (_flat(x), own_lines(np.asarray(x.stride()[:3], np.int64)), T, R,
+                               V, sym.to(torch.int64).contiguous().view(-1).numpy(), int(term),
+                               px.view(-1).numpy(), py.view(-1).numpy(), lz.view(-1).numpy(),
+                               step),
+                 range((N + step - 1) // step))
+    return px, py, lz
+
+
 # --------------------------------------------------------------------------- tiles
 # The epilogue alone, on a tile of rows whose occupations are known (the losses from the
 # joint recompute each tile's logits in their backward): ``joint_tile_grad``, the
