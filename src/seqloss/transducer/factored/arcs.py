@@ -82,6 +82,12 @@ def mask_padding(x: Tensor, lens: Tensor, dim: int, lo_col: int, n_col: int, ext
     ``where`` (whose backward gives exactly 0 there).
     """
     n = x.shape[dim]
+    if checks.host_side(lens) and not _is_traced(lens) and not _is_traced(x):
+        # No padding (every sequence spans the whole axis): nothing to replace. Two
+        # (B, T, C)-sized passes less, and as many in the backward (~1.5 ms of the
+        # pruned pipeline, B=8 T=300 S=60 C=500).
+        if all(r[lo_col] == 0 and r[n_col] + extra == n for r in lens.tolist()):
+            return x
     i = torch.arange(n, device=x.device)[None, :]
     lo = lens[:, lo_col:lo_col + 1]
     keep = (i >= lo) & (i < lo + lens[:, n_col:n_col + 1] + extra)  # (B, n)
@@ -116,10 +122,13 @@ def simple_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: s
     norm = _logmmexp(am, lm.transpose(1, 2), backend)  # (B, T, S+1): log sum_c e^{am + lm}
     if norm.requires_grad:
         norm = _FlushSubnormalGrad.apply(norm)
+    # One gather per side (each gather's backward is a zero-filled input-sized scatter):
+    # sym_ext's last column is the termination symbol, so am_sym[..., S] is am[..., term].
     am_sym = am.gather(2, sym_ext[:, None, :].expand(B, T, S1))  # am[b, t, y_{s+1}]
-    lm_sym = lm.gather(2, sym_ext[:, :, None]).transpose(1, 2)  # (B, 1, S+1)
-    emit = am_sym + lm_sym - norm
-    blank = am[:, :, term, None] + lm[:, None, :, term] - norm
+    cols = torch.stack((sym_ext, torch.full_like(sym_ext, term)), dim=2)
+    lm_g = lm.gather(2, cols).transpose(1, 2)  # (B, 2, S+1): lm[b, s, y_{s+1}], lm[b, s, term]
+    emit = am_sym + lm_g[:, :1] - norm
+    blank = am_sym[:, :, S1 - 1:] + lm_g[:, 1:] - norm
     if rnnt_type == "constrained":
         emit = _constrain(emit, blank)
     return emit, blank
