@@ -236,6 +236,40 @@ def test_huge_incoming_gradient_does_not_overflow(backend, scale, N, factor):
     torch.testing.assert_close(gb2.double() / factor, gb1.double(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("tiny_rows", [False, True], ids=["direct", "per-vector"])
+def test_backward_matmuls_keep_small_weights(tiny_rows):
+    """The CPU backward's matmuls over weights spanning 1e-39..1 (the occupations of a
+    long lattice): against float64 matmuls of the same factors, each entry within a
+    sixteenth of an ulp of its vector's largest term (plus the float32 rounding of the
+    sum), with rows whose largest weight is itself 1e-36 (``tiny_rows``: the scaled
+    branch) as exact relative to their own scale."""
+    from seqloss.logmm import numba_cpu as kern
+
+    gen = torch.Generator().manual_seed(11)
+    B, M, N, K = 2, 40, 30, 50
+    # log-uniform magnitudes over 90 decades, 20% zeros, a few subnormals
+    G = torch.exp(-torch.rand(B, M, N, generator=gen, dtype=torch.float64) * 207.0)
+    G[torch.rand(B, M, N, generator=gen) < 0.2] = 0.0
+    if tiny_rows:
+        G[:, ::3] *= 1e-36
+    G = G.float()
+    ea = torch.exp(-6 * torch.rand(B, M, K, generator=gen))
+    eb = torch.exp(-6 * torch.rand(B, K, N, generator=gen))
+    Gd, ead, ebd = G.double(), ea.double(), eb.double()
+    tiny = torch.finfo(torch.float32).tiny
+    for dim, f, e, want in (
+        (2, eb.transpose(1, 2), ea, torch.bmm(Gd, ebd.transpose(1, 2)) * ead),
+        (1, ea.transpose(1, 2), eb, torch.bmm(ead.transpose(1, 2), Gd) * ebd),
+    ):
+        got = kern._scaled_product(G, f, e, dim).double()
+        assert torch.isfinite(got).all()
+        # Every term is positive: a few ulps of each entry (float32's rounding of the sum
+        # and the drops' sixteenth), except below the normal range (not representable).
+        err = (got - want).abs()
+        assert bool((err <= 2.0 ** -21 * want + tiny).all()), float((err / want).max())
+        assert bool((got[want >= tiny] > 0).all())
+
+
 # --------------------------------------------------------------------------- autograd
 def test_gradcheck_float64(backend):
     dev = device_for(backend)
