@@ -220,6 +220,18 @@ def _weights(g: Tensor, e: Tensor, take: Tensor | None) -> tuple[Tensor, Tensor 
     return G, scale
 
 
+def _has_small(G: Tensor) -> bool:
+    """Whether ``G`` may hold entries small enough for subnormal products in the matmuls
+    (or zeros, or NaN): unless every entry has one sign and a magnitude of at least
+    ``2^(emin + 51)`` (one reduction, where ``_scaled_product``'s checks take several
+    passes: the usual incoming gradient of ones gives ``G = 1 / S >= 1 / K``)."""
+    if G.numel() == 0:
+        return False
+    lo, hi = (float(v) for v in torch.aminmax(G))
+    least = lo if lo > 0 else (-hi if hi < 0 else 0.0)  # NaN: 0
+    return not least >= 2.0 ** (_FLOAT[G.dtype][0] + 51)
+
+
 def _scaled_product(G: Tensor, f: Tensor, e: Tensor, dim: int) -> Tensor:
     """``(G @ f) * e`` (``dim`` 2, ``f (B, N, K)``) or ``(f @ G) * e`` (``dim`` 1,
     ``f (B, K, M)``) for unscaled factors ``f``, ``e`` in ``[0, 1]``, without subnormal
@@ -273,12 +285,13 @@ def _grads_through(G: Tensor, scale: Tensor | None, ea: Tensor, eb: Tensor, lam:
     range is ``G``'s: ``_scaled_product`` keeps them normal.
     """
     ga = gb = None
+    small = not lam and _has_small(G)
     if need_a:
-        ga = (_scaled_product(G, eb.transpose(1, 2), ea, 2) if not lam
-              else torch.bmm(G * 2.0 ** -lam, eb.transpose(1, 2)).mul_(ea))
+        ga = (_scaled_product(G, eb.transpose(1, 2), ea, 2) if small
+              else torch.bmm(G * 2.0 ** -lam if lam else G, eb.transpose(1, 2)).mul_(ea))
     if need_b:
-        gb = (_scaled_product(G, ea.transpose(1, 2), eb, 1) if not lam
-              else torch.bmm(ea.transpose(1, 2), G).mul_(eb * 2.0 ** -lam))
+        gb = (_scaled_product(G, ea.transpose(1, 2), eb, 1) if small
+              else torch.bmm(ea.transpose(1, 2), G).mul_(eb * 2.0 ** -lam if lam else eb))
     if scale is not None:
         ga = ga.mul_(scale) if need_a else None
         gb = gb.mul_(scale) if need_b else None
