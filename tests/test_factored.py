@@ -892,6 +892,70 @@ def test_property_widened_regular_windows_always_keep_a_path(data, T, S, s_range
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+# --------------------------------------------------------------------------- pruned: window rows
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_window_arcs_match_float64_log_softmax(dtype):
+    """The Numba backend's one read of a pruned window (``window_arcs``, the forward of
+    ``rnnt_loss_pruned`` on CPU) against torch's float64 log-softmax: wide logits, a
+    row of ``-inf`` but one class, a NaN row, a ``+inf`` row and a row of ``-inf``
+    (NaN arcs, as torch's ``logsumexp`` path gives), in a permuted layout."""
+    from seqloss.transducer.joint.numba_cpu import window_arcs
+
+    g = torch.Generator().manual_seed(71)
+    B, T, R, C = 2, 7, 3, 37
+    x = (40 * torch.randn(B, R, T, C, generator=g, dtype=F64)).transpose(1, 2)  # (B, T, R, C)
+    x[0, 1, 0] = -math.inf
+    x[0, 1, 0, 5] = 3.0
+    x[0, 2, 1, 7] = NAN
+    x[1, 3, 2, 0] = math.inf
+    x[1, 4, 0] = -math.inf
+    sym = torch.randint(0, C, (B, T, R), generator=g)
+    term = 4
+    xd = x.to(dtype)
+    assert not xd.is_contiguous() and xd.stride(3) == 1
+    px, py, lz = window_arcs(xd, sym, term)
+    lp = torch.log_softmax(xd.double(), dim=3)
+    want_x = lp.gather(3, sym[..., None])[..., 0]
+    want_y = lp[..., term]
+    eps = 2e-7 if dtype == torch.float32 else 1e-15
+    for got, want in ((px, want_x), (py, want_y)):
+        assert got.dtype == dtype
+        nan = torch.isnan(want) | torch.isnan(x.double()).any(3) | (x == math.inf).any(3)
+        nan |= (x == -math.inf).all(3)
+        assert torch.equal(torch.isnan(got), nan)
+        fin = ~nan & torch.isfinite(want)
+        torch.testing.assert_close(got.double()[fin], want[fin], rtol=eps, atol=eps * 100)
+        assert torch.equal(got[~nan & ~torch.isfinite(want)], want[~nan & ~torch.isfinite(want)]
+                           .to(dtype))
+    ok = torch.isfinite(x).all(3)
+    # float64, from the row's shift and its sum in x's dtype (as torch's logsumexp)
+    torch.testing.assert_close(lz[ok], torch.logsumexp(xd.double(), dim=3)[ok], rtol=eps,
+                               atol=eps * 10)
+
+
+@pytest.mark.parametrize("rnnt_type", ["regular", "modified", "constrained"])
+def test_pruned_numba_window_matches_reference(rnnt_type):
+    """The pruned loss's CPU window path (Numba forward) against the reference backend's
+    torch ops, float32, a transposed window: loss and gradient."""
+    g = torch.Generator().manual_seed(72)
+    B, T, S, C, R = 3, 12, 5, 29, 3
+    sym = torch.randint(1, C, (B, S), generator=g)
+    ranges = torch.zeros(B, T, R, dtype=torch.int64)
+    for b in range(B):
+        start = torch.linspace(0, S + 1 - R, T).round().long()
+        ranges[b] = start[:, None] + torch.arange(R)
+    bnd = torch.tensor([[0, 0, S, T], [0, 0, S - 1, T - 2], [1, 1, S, T]])
+    base = 5 * torch.randn(B, R, T, C, generator=g)
+    res = []
+    for backend in ("numba", "reference"):
+        x = base.clone().transpose(1, 2).requires_grad_()
+        loss = rnnt_loss_pruned(x, sym, ranges, 0, boundary=bnd, rnnt_type=rnnt_type,
+                                reduction="none", backend=backend)
+        res.append((loss, *torch.autograd.grad(loss.sum(), x)))
+    torch.testing.assert_close(res[0][0], res[1][0], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(res[0][1], res[1][1], rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- pruned: unused rows
 # (rnnt_type, T, S, ranges of every frame, boundary, NaN rows (t, k)): states no complete
 # path visits -- dead ends (too few frames left for the symbols), unreachable states, and
