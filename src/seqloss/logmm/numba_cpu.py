@@ -255,24 +255,25 @@ def _scaled_product(G: Tensor, f: Tensor, e: Tensor, dim: int) -> Tensor:
     if fmin == 0:  # a factor of a -inf input: the smallest nonzero one bounds the products
         fmin = float(torch.where(f > 0, f, 1.0).amin())
     keep = 2.0 ** (emin + 1) / fmin if fmin > 0 else _INF  # the least entry kept
+    up = None  # the vectors' scales, where they are scaled
     if keep > room:  # no vector can drop what it must: G's subnormals only
         G = G.masked_fill(G.abs() < torch.finfo(G.dtype).tiny, 0.0)
-        r = torch.bmm(G, f) if dim == 2 else torch.bmm(f, G)
-        return r.mul_(e)
-    m = G.abs().amax(dim=dim, keepdim=True)
-    pos = m[m > 0]
-    if pos.numel() == 0 or keep <= float(pos.amin()) * room:
-        G = G.masked_fill(G.abs() < keep, 0.0)
-        r = torch.bmm(G, f) if dim == 2 else torch.bmm(f, G)
-        return r.mul_(e)
-    # m = mant 2^x, mant in [0.5, 1): 2^(1 - x) puts the largest entry in [1, 2) (a
-    # subnormal one below: 2^-emin at most, a finite power of two)
-    up = torch.ldexp(torch.ones_like(m), (1 - torch.frexp(m).exponent).clamp(max=-emin))
-    up = torch.where((m > 0) & (m < _INF), up, 1.0)
-    Gs = G * up
-    Gs.masked_fill_(Gs.abs() < max(keep, room), 0.0)
-    r = torch.bmm(Gs, f) if dim == 2 else torch.bmm(f, Gs)
-    return r.mul_(e).div_(up)
+    else:
+        m = G.abs().amax(dim=dim, keepdim=True)
+        pos = m[m > 0]
+        if pos.numel() == 0 or keep <= float(pos.amin()) * room:
+            G = G.masked_fill(G.abs() < keep, 0.0)
+        else:
+            # m = mant 2^x, mant in [0.5, 1): 2^(1 - x) puts the largest entry in [1, 2)
+            # (a subnormal one below: 2^-emin at most, a finite power of two)
+            up = torch.ldexp(torch.ones_like(m),
+                             (1 - torch.frexp(m).exponent).clamp(max=-emin))
+            up = torch.where((m > 0) & (m < _INF), up, 1.0)
+            G = G * up
+            G.masked_fill_(G.abs() < room, 0.0)  # room >= keep here
+    r = torch.bmm(G, f) if dim == 2 else torch.bmm(f, G)
+    r.mul_(e)
+    return r if up is None else r.div_(up)
 
 
 def _grads_through(G: Tensor, scale: Tensor | None, ea: Tensor, eb: Tensor, lam: int,
