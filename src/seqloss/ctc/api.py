@@ -14,7 +14,9 @@ from .._core.module import LossModule
 from .._core.opdecl import apply_lane as _apply_lane
 from .._core.opdecl import eager as _eager
 from .._core.types import REDUCTIONS, IntsLike, Reduction
+from . import fast
 from .checks import ctc_inputs
+from .fast import ctc_fast
 from .op import ctc_loss_decl
 
 # CTC's "mean" is torch's: each loss over its target length (at least 1), then the batch
@@ -140,12 +142,12 @@ def ctc_loss(
             name = cpu_backend(backend)
             compute_grad = log_probs.requires_grad and _grad_enabled()
             # The declaration's hook, called as its value() would (eagerly; the exact
-            # types above rule out traced tensors); any call it declines, value() takes.
-            fast = ctc_loss_decl.fast
-            if fast is not None and _eager(log_probs):
-                out = fast(log_probs, targets, input_lengths, target_lengths, blank,
-                           fused_log_softmax, reduction, zero_infinity, delay_penalty, name,
-                           compute_grad, validate)
+            # types above rule out traced tensors), its checks made here: the lane. A call
+            # it declines (a batch for the pool, a strided layout) value() takes.
+            if name == "numba" and ctc_loss_decl.fast is ctc_fast and _eager(log_probs):
+                out = fast.ctc_lane(log_probs, targets, input_lengths, target_lengths, blank,
+                                    fused_log_softmax, reduction, zero_infinity,
+                                    delay_penalty, compute_grad, validate)
                 if out is not None:  # as value() hands it on (a call less: ~0.2 us)
                     if not compute_grad:
                         return out[0]

@@ -1611,7 +1611,7 @@ POOL_MIN_CELLS = 24000
 
 def runs_inline(il: np.ndarray, tl: np.ndarray) -> bool:
     """Whether a batch of these ``(B,)`` int64 lengths runs on the calling thread (see
-    ``_run_batch``): what ``ctc_loss_inline`` takes."""
+    ``_run_batch``): what ``ctc_loss_lane`` takes."""
     B = il.shape[0]
     return (B <= 1 or torch.get_num_threads() == 1
             or int(np.dot(il, 2 * tl + 1)) < POOL_MIN_CELLS)
@@ -1665,49 +1665,82 @@ def _raise_bad(targets, input_lengths, target_lengths, T, C, blank) -> None:
     raise AssertionError("seqloss: the Numba and Python CTC checks disagree")  # unreachable
 
 
-def ctc_loss_inline(
+_SCALAR = {torch.float32: torch.empty((), dtype=torch.float32),
+           torch.float64: torch.empty((), dtype=torch.float64)}
+
+
+def ctc_loss_lane(
     log_probs: torch.Tensor,
-    tb_layout: bool,
     targets: torch.Tensor,
     input_lengths: torch.Tensor,
     target_lengths: torch.Tensor,
     blank: int,
     fused_log_softmax: bool,
-    delay_penalty: float,
-    grad: torch.Tensor | None,
-    out: torch.Tensor,
-    reduction: int,
+    reduction: str,
     zero_infinity: bool,
+    delay_penalty: float,
+    compute_grad: bool,
     validate: bool,
-) -> None:
-    """``ctc_loss_forward`` for a batch the calling thread runs (``runs_inline``), into
-    memory the caller made: the lean entry point of an eager fast lane (``ctc/fast.py``).
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The eager CPU fast lane's whole call (``ctc/fast.py``): ``(loss, grad)`` (``grad``
+    ``None`` unless ``compute_grad``) for a batch the calling thread runs
+    (``runs_inline``) with dense targets and lengths and a dense ``(T, B, C)`` or
+    ``(B, T, C)`` layout, else ``None`` (nothing done: the caller takes the general path).
 
-    ``log_probs``: float32 or float64, C-contiguous ``(T, B, C)`` (``tb_layout``) or a
-    ``(T, B, C)`` view of a C-contiguous ``(B, T, C)`` tensor; ``targets`` C-contiguous
-    int64, padded ``(B, S)`` or concatenated 1-D; lengths C-contiguous ``(B,)`` int64;
-    all on the CPU, shapes checked by the caller (the values are checked here when
-    ``validate``, raising ``ctc_values``'s errors before anything is written).
-    ``grad``: ``None``, or dense in ``log_probs``' layout and of its dtype; ``out``: of
-    that dtype, the ``(B,)`` losses for ``reduction`` 0, else a 0-D tensor for the
-    reduction's code (``seqloss._core.reduce.CODES``; ``"mean"`` resolved).
+    The op's arguments, checked by the caller: ``log_probs`` float32/float64 ``(T, B, C)``,
+    ``targets`` int64 padded ``(B, S)`` or concatenated 1-D, lengths ``(B,)`` int64, all
+    on the CPU; ``reduction`` resolved (no ``"mean"``). The values are checked here when
+    ``validate`` (``ctc_values``'s errors, before anything is written). One Python frame
+    from the caller to ``_ctc_chunk``: at T=20, B=1 the call's glue is a third of it.
     """
     T, B, C = log_probs.shape
-    concat = targets.dim() == 1
-    R, S = (1, targets.shape[0]) if concat else targets.shape
-    rp = out.data_ptr()
-    kind = (_FUSED if fused_log_softmax else _ZERO)[log_probs.dtype]
-    args = (kind, log_probs.data_ptr(), tb_layout, T, B, C, targets.data_ptr(), R, S, concat, 0,
-            input_lengths.data_ptr(), target_lengths.data_ptr(), blank,
+    il, tl = input_lengths, target_lengths
+    if B == 0 or not (targets.is_contiguous() and il.is_contiguous() and tl.is_contiguous()):
+        return None
+    if B > 1 and not runs_inline(il.numpy(), tl.numpy()):
+        return None
+    if log_probs.is_contiguous():
+        tb_layout = True
+    elif log_probs.transpose(0, 1).is_contiguous():
+        tb_layout = False
+    else:
+        return None
+    dt = log_probs.dtype
+    grad = None
+    if compute_grad:
+        if T * B * C * dt.itemsize >= buffers.MIN_BYTES:  # long utterances: reused memory
+            buf = buffers.empty((T, B, C) if tb_layout else (B, T, C), dt)
+            view = buf if tb_layout else buf.transpose(0, 1)
+            if view.stride() == log_probs.stride():
+                grad = view
+        if grad is None:
+            # Dense in lp's layout (the kernel's view of it), the fake kernel's strides;
+            # empty_like skips torch.empty's argument parsing (0.65 vs 1.3 us).
+            grad = torch.empty_like(log_probs)
+    red = reduce.CODES[reduction]
+    # red 0 (RED_NONE): the (B,) losses; else the reduction, into a 0-D tensor
+    if red == RED_NONE:
+        res = log_probs.new_empty((B,))
+        lossp, outp = res.data_ptr(), 0
+    else:
+        res = torch.empty_like(_SCALAR[dt])
+        lossp, outp = 0, res.data_ptr()
+    if targets.dim() == 1:
+        concat, R, S = True, 1, targets.shape[0]
+    else:
+        concat = False
+        R, S = targets.shape
+    args = ((_FUSED if fused_log_softmax else _ZERO)[dt], log_probs.data_ptr(), tb_layout, T, B,
+            C, targets.data_ptr(), R, S, concat, 0, il.data_ptr(), tl.data_ptr(), blank,
             fused_log_softmax, delay_penalty, grad is not None,
-            0 if grad is None else grad.data_ptr(), rp if reduction == RED_NONE else 0, 0, 0,
-            int(_SEGMENT_OVERRIDE), reduction, zero_infinity, 0 if reduction == RED_NONE else rp,
-            validate)
+            0 if grad is None else grad.data_ptr(), lossp, 0, 0, _SEGMENT_OVERRIDE, red,
+            zero_infinity, outp, validate)
     bad = _ctc_chunk(*args, 0, 0)
     if bad < 0:  # a sequence left the fast path
         _ctc_fallback(*args)
     elif bad:
-        _raise_bad(targets, input_lengths, target_lengths, T, C, blank)
+        _raise_bad(targets, il, tl, T, C, blank)
+    return res, grad
 
 
 def ctc_loss_forward(
