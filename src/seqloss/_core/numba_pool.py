@@ -20,14 +20,26 @@ Why not ``njit(parallel=True)`` and ``prange``:
 * Same parallelism: the jobs are independent, so the results do not depend on the
   schedule or the thread count (bit-deterministic).
 
-The caller's thread works beside ``n - 1`` pool workers (no idle hand-off per call),
-all taking jobs from one shared iterator, longest first when costs are given, so a
-long job does not start last and run alone.
+The caller's thread works beside ``n - 1`` workers (no idle hand-off per call), all
+taking jobs from one shared iterator, longest first when costs are given, so a long job
+does not start last and run alone.
+
+The workers are torch's own OpenMP team where torch runs its parallel ops on GNU
+``libgomp`` (the Linux wheels): ``GOMP_parallel``, resolved through ``libtorch_cpu``,
+runs the job loop on the calling thread and on the team's workers. After a parallel
+torch op those workers spin for a while (``GOMP_SPINCOUNT``) before they sleep; a
+thread pool of our own then shared the cores with them, and every Numba kernel that
+follows a torch op ran at about half speed (the pruned pipeline, B=8 T=300 S=60 C=500:
+34-36 ms on our pool, 29.7-29.9 ms on the team). Elsewhere (another OpenMP runtime, no
+OpenMP, a forked child: see above) the jobs run on a Python thread pool.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -37,13 +49,20 @@ import torch
 
 _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
+_BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_UNSET = object()
+_TEAM: object = _UNSET  # torch's GOMP_parallel, None where the jobs use the pool
+_CALLS: dict[int, Callable[[], None]] = {}
+_KEYS = itertools.count(1)
 
 
 def _forget_pool() -> None:
-    # A forked child inherits the pool object but not its threads: start afresh.
-    global _POOL, _LOCK
+    # A forked child inherits the pool object but not its threads: start afresh. It never
+    # enters the parent's OpenMP team: libgomp's state there describes threads it lacks.
+    global _POOL, _LOCK, _TEAM
     _POOL = None
     _LOCK = threading.Lock()  # it may have been held by another thread at fork time
+    _TEAM = None
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -85,29 +104,69 @@ def run_jobs(fn: Callable[..., None], args: tuple, jobs: Sequence[int],
         rank = np.argsort(-np.asarray(order, dtype=np.float64), kind="stable")
         todo = [todo[i] for i in rank.tolist()]
     shared = iter(todo)
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
             for job in shared:  # next() on a list iterator is atomic under the GIL
                 fn(*args, job)
-        except BaseException:
+        except BaseException as e:  # noqa: BLE001 -- kept, re-raised by the caller
+            errors.append(e)
             for _ in shared:  # the other threads stop after their current job
                 pass
-            raise
 
-    pool = _pool(n - 1)
-    helpers: list[Future] = [pool.submit(work) for _ in range(n - 1)]
-    try:
-        work()
-    finally:
-        for h in helpers:
-            # One not started yet has nothing left to do; cancelling it also means a call
-            # nested in a pool thread never waits for a free thread.
-            h.cancel()
-        wait(helpers)  # the others write into the caller's arrays: never return before them
-    for h in helpers:
-        if not h.cancelled():
-            h.result()
+    team = _team()
+    if team is not None:
+        key = next(_KEYS)
+        _CALLS[key] = work
+        try:
+            team(_ENTRY, key, n, 0)  # returns when every thread of the team has returned
+        finally:
+            del _CALLS[key]
+    else:
+        pool = _pool(n - 1)
+        helpers: list[Future] = [pool.submit(work) for _ in range(n - 1)]
+        try:
+            work()
+        finally:
+            for h in helpers:
+                # One not started yet has nothing left to do; cancelling it also means a
+                # call nested in a pool thread never waits for a free thread.
+                h.cancel()
+            wait(helpers)  # the others write into the caller's arrays: never return before
+    if errors:
+        raise errors[0]
+
+
+def _enter(key: int) -> None:
+    # Each thread of the team: ctypes takes the GIL (a worker gets a thread state for
+    # the call); fn releases it while it computes. work() keeps every exception.
+    _CALLS[key]()
+
+
+_ENTRY = _BODY(_enter)
+
+
+def _team() -> Callable | None:
+    """torch's ``GOMP_parallel`` (``void (*fn)(void *), void *data, unsigned threads,
+    unsigned flags``), or ``None``: not Linux, torch's parallel backend not OpenMP, or no
+    such symbol in ``libtorch_cpu``'s scope. Resolved through ``libtorch_cpu``'s own
+    handle (already loaded), so it is the runtime torch's ops use, not another copy."""
+    global _TEAM
+    if _TEAM is _UNSET:
+        team = None
+        lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so")
+        if (sys.platform.startswith("linux") and os.path.exists(lib)
+                and "parallel backend: OpenMP" in torch.__config__.parallel_info()):
+            try:
+                team = ctypes.CDLL(lib, mode=os.RTLD_NOLOAD).GOMP_parallel
+            except (OSError, AttributeError):
+                team = None
+            if team is not None:
+                team.argtypes = [_BODY, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint]
+                team.restype = None
+        _TEAM = team
+    return _TEAM
 
 
 def own_lines(a: np.ndarray) -> np.ndarray:
