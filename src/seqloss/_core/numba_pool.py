@@ -54,6 +54,9 @@ _UNSET = object()
 _TEAM: object = _UNSET  # torch's GOMP_parallel, None where the jobs use the pool
 _CALLS: dict[int, Callable[[], None]] = {}
 _KEYS = itertools.count(1)
+_HELD: set[int] = set()  # the team's threads that keep a thread state
+_ENSURE = ctypes.pythonapi.PyGILState_Ensure
+_ENSURE.restype = ctypes.c_int
 
 
 def _forget_pool() -> None:
@@ -63,6 +66,7 @@ def _forget_pool() -> None:
     _POOL = None
     _LOCK = threading.Lock()  # it may have been held by another thread at fork time
     _TEAM = None
+    _HELD.clear()
 
 
 os.register_at_fork(after_in_child=_forget_pool)
@@ -119,6 +123,7 @@ def run_jobs(fn: Callable[..., None], args: tuple, jobs: Sequence[int],
     if team is not None:
         key = next(_KEYS)
         _CALLS[key] = work
+        _HELD.add(threading.get_native_id())  # the caller, a Python thread, has its own
         try:
             team(_ENTRY, key, n, 0)  # returns when every thread of the team has returned
         finally:
@@ -139,8 +144,14 @@ def run_jobs(fn: Callable[..., None], args: tuple, jobs: Sequence[int],
 
 
 def _enter(key: int) -> None:
-    # Each thread of the team: ctypes takes the GIL (a worker gets a thread state for
-    # the call); fn releases it while it computes. work() keeps every exception.
+    # Each thread of the team: ctypes takes the GIL; fn releases it while it computes;
+    # work() keeps every exception. A worker's first call keeps its thread state (one
+    # PyGILState_Ensure never released): ctypes would make and free one per call, and
+    # the pair took ~40 us of each parallel region (CTC T=300 B=8: 1.58 -> 1.65 ms).
+    tid = threading.get_native_id()
+    if tid not in _HELD:
+        _HELD.add(tid)
+        _ENSURE()
     _CALLS[key]()
 
 
