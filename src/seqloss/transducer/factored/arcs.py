@@ -259,9 +259,10 @@ def _window_rows(logits: Tensor, backend: str) -> bool:
     """Whether ``_WindowLogProbs``'s forward reads the window with the Numba backend's row
     kernel (``window_arcs``: one pass, where torch's ``logsumexp`` makes four over a
     window-sized temporary; B=8 T=300 R=5 C=500, 2 threads: 2.8 -> 2.2 ms). The backward
-    stays torch's: the joint's Numba epilogue on the window, 15% faster alone, ran
-    slower inside the pruned pipeline's backward, between torch's parallel ops, whose
-    spinning OpenMP workers it competes with for the cores."""
+    stays torch's: the joint's Numba epilogue on the window (``joint_tile_grad``), 15%
+    faster alone, is no faster inside the pruned pipeline's backward, between torch's
+    parallel ops (on torch's own OpenMP team too: the pipeline 31.5-33.8 ms against
+    31.0-32.4)."""
     if backend != "numba" or _is_traced(logits) or logits.device.type != "cpu":
         return False
     return (logits.dtype in (torch.float32, torch.float64) and logits.numel() > 0
