@@ -29,9 +29,10 @@ The workers are torch's own OpenMP team where torch runs its parallel ops on GNU
 runs the job loop on the calling thread and on the team's workers. After a parallel
 torch op those workers spin for a while (``GOMP_SPINCOUNT``) before they sleep; a
 thread pool of our own then shared the cores with them, and every Numba kernel that
-follows a torch op ran at about half speed (the pruned pipeline, B=8 T=300 S=60 C=500:
-34-36 ms on our pool, 29.7-29.9 ms on the team). Elsewhere (another OpenMP runtime, no
-OpenMP, a forked child: see above) the jobs run on a Python thread pool.
+follows a torch op ran at about half speed (the pruned pipeline, B=8 T=300 S=60 C=500,
+2 threads: 36.2-37.7 ms on our pool, 31.2-32.9 ms on the team). Elsewhere (another
+OpenMP runtime, no OpenMP, a forked child: see above) the jobs run on a Python thread
+pool.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def _enter(key: int) -> None:
     # Each thread of the team: ctypes takes the GIL; fn releases it while it computes;
     # work() keeps every exception. A worker's first call keeps its thread state (one
     # PyGILState_Ensure never released): ctypes would make and free one per call, and
-    # the pair took ~40 us of each parallel region (CTC T=300 B=8: 1.58 -> 1.65 ms).
+    # the pair took ~40 us of each parallel region (CTC T=300 B=8: 1.57-1.66 ms on the
+    # pool, 1.64-1.68 on the team so, 1.48-1.61 with the states kept).
     tid = threading.get_native_id()
     if tid not in _HELD:
         _HELD.add(tid)
