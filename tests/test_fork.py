@@ -8,8 +8,10 @@ deterministic whatever the thread count).
 
 DataLoader gives each worker one torch thread, so seqloss runs serially there. A worker
 cannot take more: torch's own parallel ops (``log_softmax`` already) hang in a forked child
-whose parent used OpenMP. So the thread pool's re-creation after fork is checked on its own:
-a parent that used the pool (and no OpenMP) forks a child that runs jobs on two threads.
+whose parent used OpenMP. So the jobs' workers after fork are checked on their own: a parent
+that ran jobs on two threads (on torch's OpenMP team where torch runs on libgomp, else on
+seqloss's pool) and no torch op forks a child that runs jobs on two threads (seqloss's pool:
+a child never enters the parent's team).
 
 Each scenario runs in its own interpreter, so an abort in a worker is a failure, and the
 DataLoader's ``timeout`` turns a hang into one.
@@ -197,17 +199,20 @@ SCRIPT = textwrap.dedent(
 
 
     def pool_child(queue):
+        from seqloss._core import numba_pool
+
         torch.set_num_threads(2)
         n, labels, scores = pool_jobs()
+        assert numba_pool._team() is None  # the parent's OpenMP team is not the child's
         queue.put((n, labels.tolist(), scores.tolist()))
 
 
     def check_pool():
-        # This parent runs no torch op: only seqloss's pool has threads when it forks.
+        # This parent runs no torch op: only its jobs' workers have threads when it forks.
         import multiprocessing
 
         n, labels, scores = pool_jobs()
-        assert n == 2, f"the parent's pool ran its jobs on {n} threads"
+        assert n == 2, f"the parent ran its jobs on {n} threads"
         ctx = multiprocessing.get_context("fork")
         queue = ctx.Queue()
         child = ctx.Process(target=pool_child, args=(queue,))
