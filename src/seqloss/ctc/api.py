@@ -16,7 +16,6 @@ from .._core.opdecl import eager as _eager
 from .._core.types import REDUCTIONS, IntsLike, Reduction
 from . import fast
 from .checks import ctc_inputs
-from .fast import ctc_fast
 from .op import ctc_loss_decl
 
 # CTC's "mean" is torch's: each loss over its target length (at least 1), then the batch
@@ -144,7 +143,7 @@ def ctc_loss(
             # The declaration's hook, called as its value() would (eagerly; the exact
             # types above rule out traced tensors), its checks made here: the lane. A call
             # it declines (a batch for the pool, a strided layout) value() takes.
-            if name == "numba" and ctc_loss_decl.fast is ctc_fast and _eager(log_probs):
+            if name == "numba" and ctc_loss_decl.fast is fast.ctc_fast and _eager(log_probs):
                 out = fast.ctc_lane(log_probs, targets, input_lengths, target_lengths, blank,
                                     fused_log_softmax, reduction, zero_infinity,
                                     delay_penalty, compute_grad, validate)
