@@ -74,6 +74,18 @@ def _check_weights(weights: object, losses: torch.Tensor) -> torch.Tensor | None
     return weights
 
 
+def _check_group(group: object) -> None:
+    """``group`` is None or a ``torch.distributed.ProcessGroup`` (what DDP and
+    ``dist.new_group`` take and give), whether or not a process group is initialized."""
+    if group is None:
+        return
+    pg = getattr(dist, "ProcessGroup", None) if dist.is_available() else None
+    if pg is None or not isinstance(group, pg):
+        raise InputTypeError(
+            f"group must be None or a torch.distributed.ProcessGroup, got "
+            f"{type(group).__name__}")
+
+
 def _world_size(group: object) -> int:
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -117,13 +129,16 @@ def distributed_mean(
             dtype, any device; not differentiated), an array or a sequence of numbers;
             ``None`` for 1 each.
         group: the process group to reduce over (default: the world); the one the
-            model's DDP or FSDP averages over.
+            model's DDP or FSDP averages over. Anything but ``None`` or a
+            ``torch.distributed.ProcessGroup`` raises a ``TypeError``, with or without
+            an initialized process group.
 
     Returns:
         A 0-D tensor in ``losses``' dtype and device.
 
     Properties: autograd; eager only (a compiled caller graph-breaks at the call).
     """
+    _check_group(group)  # before anything else: a wrong group is not silently ignored
     losses = check_float_tensor(losses, "losses")
     if losses.dim() != 1:
         raise InputError(

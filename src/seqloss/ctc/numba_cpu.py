@@ -114,6 +114,7 @@ from numba.core.callconv import excinfo_t
 from numba.extending import intrinsic
 
 from .._core import buffers, reduce
+from .._core.numba_logspace import sub_normalizer as _sub_normalizer
 from .._core.numba_pool import run_jobs
 from .checks import ctc_values
 
@@ -383,7 +384,7 @@ def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lse, lp, l
                 if xr[c] > m or xr[c] != xr[c]:
                     m = xr[c]
             if m == NEG_INF or m == INF or m != m:
-                lse[t] = m if m != NEG_INF else np.nan
+                lse[t] = m  # -inf for a frame of -inf; +inf, NaN poison the sequence
             else:
                 s = 0.0
                 for c in range(C):
@@ -391,9 +392,10 @@ def _log_alpha(x, tb_layout, b, C, lab, Tb, fused, dp, first, t0, t1, lse, lp, l
                 lse[t] = m + math.log(s)
         lpr = lp[r]
         pen = dp * ((Tb - 1) * 0.5 - t)
-        lpr[0] = xr[lab[0]] - lse[t]
+        # a frame of -inf logits (lse = -inf): -inf, no path leaves it (logspace's rule)
+        lpr[0] = _sub_normalizer(xr[lab[0]], lse[t])
         for j in range(1, nl):
-            lpr[j] = (xr[lab[j]] - lse[t]) + pen
+            lpr[j] = _sub_normalizer(xr[lab[j]], lse[t]) + pen
         an = la[r]
         if t == t0:
             if first:
@@ -531,6 +533,8 @@ def _fast_emissions(xr, lab, lse, pen, lp, E, r):
     ``_exp`` would pass over it).
     """
     nl = lab.shape[0]
+    if lse == NEG_INF:  # fused, a frame of -inf logits: every label -inf (logspace's rule)
+        return NEG_INF, False
     lp[0] = xr[lab[0]] - lse
     for j in range(1, nl):
         lp[j] = (xr[lab[j]] - lse) + pen

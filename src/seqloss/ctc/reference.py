@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .._core.logspace import logaddexp
+from .._core.logspace import log_softmax, logaddexp, softmax
 
 NEG_INF = float("-inf")
 
@@ -144,7 +144,9 @@ def ctc_loss_forward(
     out_dtype = torch.float64 if log_probs.dtype == torch.float64 else torch.float32
     acc = torch.float64
     x = log_probs.to(acc)
-    lp = torch.log_softmax(x, dim=-1) if fused_log_softmax else x
+    # fused: a frame of -inf logits gives -inf log-probabilities and softmax 0 (no path
+    # leaves it: +inf, zero gradient), not NaN (logspace's rule)
+    lp = log_softmax(x, dim=-1) if fused_log_softmax else x
     L = target_lengths.to(device)
     Tb = input_lengths.to(device)
     ext, e, skip = extended_emissions(lp, targets, L, Tb, blank, delay_penalty)
@@ -167,7 +169,7 @@ def ctc_loss_forward(
     occ = _occupations(e, alphas, ext, skip, ll, L, Tb, C)
     valid_t = torch.arange(T, device=device)[:, None] < Tb[None, :]
     if fused_log_softmax:
-        grad = torch.where(valid_t[:, :, None], torch.softmax(x, dim=-1), 0.0) - occ
+        grad = torch.where(valid_t[:, :, None], softmax(x, dim=-1), 0.0) - occ
     else:
         grad = -occ
     keep = valid_t & (ll != NEG_INF)[None, :]

@@ -89,7 +89,8 @@ def ctc_normalizer_kernel(
         b_s = b_s * tl.exp(b_m - shift) + tl.reduce(tl.exp(b_x - shift[:, None]), 1, _ADD)
         b_m = b_new
     none = b_m == float("-inf")
-    # An all -inf row gives -inf here and NaN log-probs downstream, as torch's log_softmax.
+    # An all -inf row gives -inf here, and -inf log-probs downstream (x - lse taken as
+    # -inf where lse = -inf: no path leaves the frame), the rule of _core/logspace.py.
     b_lse = tl.where(none, float("-inf"), tl.log(tl.where(none, 1.0, b_s)) + b_m)
     tl.store(lse_ptr + i_r, b_lse, mask=m_row)
 
@@ -131,8 +132,9 @@ def _alpha_first_frame(p_x, p_lse, p_a, o_s, K_b, m_lab, b_T, b_dp, b_half,
     # ``vector_bool & scalar_bool`` into int32, which it then rejects as a mask.
     m_0 = o_s < tl.where(has, K_b, 0)
     b_e = tl.load(p_x, mask=m_0, other=NEG_INF).to(ACC)
-    if FUSED:
-        b_e = b_e - tl.load(p_lse, mask=has, other=0.0)
+    if FUSED:  # a frame of -inf (lse = -inf): -inf, not NaN (see ctc_normalizer_kernel)
+        b_lse = tl.load(p_lse, mask=has, other=0.0)
+        b_e = tl.where(b_lse == NEG_INF, NEG_INF, b_e - b_lse)
     if DELAY:
         b_e = b_e + tl.where(m_lab, (b_dp * b_half).to(ACC), 0.0)
     b_a = tl.where(o_s < 2, b_e, NEG_INF)
@@ -225,8 +227,9 @@ def ctc_alpha_kernel(
         b_a1 = tl.load(p_a1 + off_prev, mask=m_s1, other=NEG_INF)
         b_a2 = tl.load(p_a2 + off_prev, mask=m_skip, other=NEG_INF)
         b_e = tl.load(p_x + t * stride_xt, mask=m_s, other=NEG_INF).to(ACC)
-        if FUSED:
-            b_e = b_e - tl.load(p_lse + t * B)
+        if FUSED:  # a frame of -inf: -inf, not NaN (see ctc_normalizer_kernel)
+            b_lse = tl.load(p_lse + t * B)
+            b_e = tl.where(b_lse == NEG_INF, NEG_INF, b_e - b_lse)
         if DELAY:
             b_e = b_e + tl.where(m_lab, (b_dp * (b_half - t)).to(ACC), 0.0)
         # Guarded logaddexp: a lane whose three terms are all -inf stays -inf,
@@ -407,8 +410,9 @@ def ctc_beta_kernel(
         b_p = tl.exp(b_v - shift)
         b_gamma = b_p / tl.reduce(b_p, 0, _ADD)
         b_e = tl.load(p_x_t, mask=m_s, other=NEG_INF).to(ACC)
-        if FUSED:
-            b_e = b_e - tl.load(p_lse_t)
+        if FUSED:  # a frame of -inf: -inf, not NaN (see ctc_normalizer_kernel)
+            b_lse = tl.load(p_lse_t)
+            b_e = tl.where(b_lse == NEG_INF, NEG_INF, b_e - b_lse)
         if DELAY:
             # rounded as in ctc_alpha_kernel (e + penalty, then the sum); the fused
             # gradient's softmax below takes b_e without it

@@ -30,6 +30,7 @@ from torch import Tensor
 from .._core import checks
 from .._core.compiler import eager_only
 from .._core.errors import InputError, InputTypeError
+from .._core.logspace import log_normalizer, log_softmax, sub_normalizer
 from .._core.types import IntsLike
 from .checks import resolve_token_blank, transducer_inputs, transducer_values
 from .from_joint import (
@@ -369,10 +370,11 @@ def _token_rows(blank: int, V: int, D: int) -> RowFn:
             tok, dur = xs
         else:
             tok, dur = xs[0][:, :V], xs[0][:, V:]
-        z = torch.logsumexp(tok, -1)
-        out = (tok[:, blank] - z, tok.gather(1, y[:, None])[:, 0] - z)
+        # A row of -inf logits has no arc out of it: -inf and a zero gradient (logspace).
+        z = log_normalizer(tok, -1)
+        out = (sub_normalizer(tok[:, blank], z), sub_normalizer(tok.gather(1, y[:, None])[:, 0], z))
         if D:
-            out = (*out, torch.log_softmax(dur, -1))
+            out = (*out, log_softmax(dur, -1))
         return out
 
     return fn

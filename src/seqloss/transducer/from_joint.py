@@ -42,6 +42,7 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
+from .._core.logspace import sub_normalizer
 from .._core.reduce import finish, weights
 from .._core.types import IntsLike, TransducerReduction
 from .checks import resolve_token_blank, transducer_inputs, transducer_values
@@ -369,8 +370,9 @@ def _tile_log_probs(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tup
         idx = plan.targets[b0:b1, None, u0:u1, None].expand(b1 - b0, t1 - t0, u1 - u0, 1)
         if hb is None:
             z = _tile_lse(plan, x)
-            lb[sl] = xt.index_select(-1, tok_idx).to(f64) - z[..., None]
-            ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z
+            # A row of -inf logits (z = -inf) has no arc out of it: -inf, not NaN.
+            lb[sl] = sub_normalizer(xt.index_select(-1, tok_idx).to(f64), z[..., None])
+            ly[sl] = sub_normalizer(xt.gather(-1, idx)[..., 0].to(f64), z)
             rowbad = ~(z < float("inf"))
         else:  # HAT: the labels' normalizer (the blank's class out), the blank's sigmoid
             rp = _row_passes(plan, x)
@@ -381,13 +383,14 @@ def _tile_log_probs(plan: _Plan, enc: Tensor, pred: Tensor, states: list) -> tup
                 rp.prologue()  # type: ignore[attr-defined]
                 z = rp.row_max.to(f64) + rp.row_sum.to(f64).log_()  # type: ignore[attr-defined]
             lb[sl] = F.logsigmoid(zb)[..., None]
-            ly[sl] = xt.gather(-1, idx)[..., 0].to(f64) - z + F.logsigmoid(-zb)
+            # labels all -inf (z = -inf): no label leaves the row, its blank still may
+            ly[sl] = sub_normalizer(xt.gather(-1, idx)[..., 0].to(f64), z) + F.logsigmoid(-zb)
             rowbad = ~(z < float("inf")) | ~(zb < float("inf"))
         lz[sl] = z
         if D:
             zd = _lse(x[..., V:])
             lzd[sl] = zd
-            ld[sl] = x[..., V:].to(f64) - zd[..., None]
+            ld[sl] = sub_normalizer(x[..., V:].to(f64), zd[..., None])
             rowbad |= ~(zd < float("inf"))
         del x, xt
         if pad is not None:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..._core import checks
 from ..._core.dispatch import kernel_module
+from ..._core.logspace import log_normalizer, softmax_given, sub_normalizer
 from ..._core.ops import _is_traced
 from ..lattice.op import lattice_decl
 
@@ -127,8 +128,10 @@ def simple_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type: s
     am_sym = am.gather(2, sym_ext[:, None, :].expand(B, T, S1))  # am[b, t, y_{s+1}]
     cols = torch.stack((sym_ext, torch.full_like(sym_ext, term)), dim=2)
     lm_g = lm.gather(2, cols).transpose(1, 2)  # (B, 2, S+1): lm[b, s, y_{s+1}], lm[b, s, term]
-    emit = am_sym + lm_g[:, :1] - norm
-    blank = am_sym[:, :, S1 - 1:] + lm_g[:, 1:] - norm
+    # norm = -inf: an am frame or an lm row of -inf, every class -inf; no arc leaves the
+    # state (-inf, not -inf - -inf: logspace's rule)
+    emit = sub_normalizer(am_sym + lm_g[:, :1], norm)
+    blank = sub_normalizer(am_sym[:, :, S1 - 1:] + lm_g[:, 1:], norm)
     if rnnt_type == "constrained":
         emit = _constrain(emit, blank)
     return emit, blank
@@ -176,19 +179,21 @@ def smoothed_arcs(lm: Tensor, am: Tensor, sym_ext: Tensor, term: int, rnnt_type:
         emit, blank = simple_arcs(lm, am, sym_ext, term, "regular", backend)
         terms_e.append(combined * emit)
         terms_b.append(combined * blank)
-    lm_lse = torch.logsumexp(lm, dim=2)  # (B, S+1)
+    # Rows of -inf (an lm row, an am frame): log-probabilities -inf, softmax 0 (their
+    # share of the unigram), zero gradient (logspace's rule).
+    lm_lse = log_normalizer(lm, dim=2)  # (B, S+1)
     if lm_only_scale != 0.0:
-        terms_e.append(lm_only_scale * (lm_sym - lm_lse[:, None, :]))
-        terms_b.append(lm_only_scale * (lm[:, None, :, term] - lm_lse[:, None, :]))
+        terms_e.append(lm_only_scale * sub_normalizer(lm_sym, lm_lse[:, None, :]))
+        terms_b.append(lm_only_scale * sub_normalizer(lm[:, None, :, term], lm_lse[:, None, :]))
     if am_only_scale != 0.0:
         s = torch.arange(S1, device=lm.device)[None, :]
         read = (s >= lens[:, :1]) & (s <= lens[:, :1] + lens[:, 2:3])  # (B, S+1)
-        log_uni = _log_unigram(lm - lm_lse[:, :, None], read)
-        am_norm = torch.logsumexp(am + log_uni, dim=2)  # (B, T)
-        terms_e.append(am_only_scale * (am_sym + log_uni[sym_ext][:, None, :]
-                                        - am_norm[:, :, None]))
-        terms_b.append(am_only_scale * (am[:, :, term, None] + log_uni[term] - am_norm[:, :, None])
-                       .expand(B, T, S1))
+        log_uni = _log_unigram(sub_normalizer(lm, lm_lse[:, :, None]), read)
+        am_norm = log_normalizer(am + log_uni, dim=2)  # (B, T)
+        terms_e.append(am_only_scale * sub_normalizer(am_sym + log_uni[sym_ext][:, None, :],
+                                                      am_norm[:, :, None]))
+        terms_b.append(am_only_scale * sub_normalizer(am[:, :, term, None] + log_uni[term],
+                                                      am_norm[:, :, None]).expand(B, T, S1))
     emit = terms_e[0]
     for x in terms_e[1:]:
         emit = emit + x
@@ -217,9 +222,10 @@ class _WindowLogProbs(torch.autograd.Function):
         if rows:  # the Numba backend's one read of the window (see _window_rows)
             px, py, lz = kernel_module("joint", "numba").window_arcs(logits, sym[..., 0], term)
             return px, py, lz.to(logits.dtype)
-        lse = torch.logsumexp(logits, dim=3)  # (B, T, R)
-        px = logits.gather(3, sym)[..., 0] - lse
-        py = logits[..., term] - lse
+        lse = torch.logsumexp(logits, dim=3)  # (B, T, R); -inf for a row of -inf
+        # a row of -inf has no arc out of it: -inf, not -inf - -inf (logspace's rule)
+        px = sub_normalizer(logits.gather(3, sym)[..., 0], lse)
+        py = sub_normalizer(logits[..., term], lse)
         # lse is +inf only for a row holding +inf; finite - inf would be a silent -inf arc
         pinf = lse == float("inf")
         nan = torch.full((), float("nan"), dtype=px.dtype, device=px.device)
@@ -247,7 +253,8 @@ class _WindowLogProbs(torch.autograd.Function):
         gx = torch.zeros_like(lse) if gx is None else gx
         gy = torch.zeros_like(lse) if gy is None else gy
         w = gx + gy
-        grad = torch.sub(logits, lse[..., None]).exp_().mul_(-w[..., None])
+        # softmax 0 on a row of -inf, not exp(-inf - -inf) = NaN (logspace's rule)
+        grad = softmax_given(logits, lse[..., None]).mul_(-w[..., None])
         grad.scatter_add_(3, sym, gx[..., None])
         grad[..., ctx.term] += gy
         if ctx.nonfinite_rows:
@@ -308,8 +315,8 @@ class _HatWindowLogProbs(torch.autograd.Function):
     def forward(logits, sym, term):
         zb = logits[..., term]
         lse = _label_lse(logits, term)  # (B, T, R)
-        px = logits.gather(3, sym)[..., 0] - lse + F.logsigmoid(-zb)
-        px = torch.where((sym[..., 0] == term) | (lse == NEG_INF), NEG_INF, px)
+        px = sub_normalizer(logits.gather(3, sym)[..., 0], lse) + F.logsigmoid(-zb)
+        px = torch.where(sym[..., 0] == term, NEG_INF, px)
         py = F.logsigmoid(zb)
         pinf = (lse == float("inf")) | (zb == float("inf"))
         nan = torch.full((), float("nan"), dtype=px.dtype, device=px.device)
@@ -340,8 +347,7 @@ class _HatWindowLogProbs(torch.autograd.Function):
         # px is a constant -inf there: no gradient flows through it.
         gx = torch.where((sym[..., 0] == term) | no_label, 0.0, gx)
         # softmax over the labels; a row with none has softmax 0 (not exp(-inf + inf)).
-        shift = torch.where(no_label, float("inf"), lse)
-        grad = torch.sub(logits, shift[..., None]).exp_().mul_(-gx[..., None])
+        grad = softmax_given(logits, lse[..., None]).mul_(-gx[..., None])
         grad.scatter_add_(3, sym, gx[..., None])
         zb = logits[..., term]
         grad[..., term] = gy * torch.sigmoid(-zb) - gx * torch.sigmoid(zb)

@@ -38,6 +38,7 @@ import torch
 from numba import njit
 
 from ..._core.numba_exp import vexp as _exp
+from ..._core.numba_logspace import sub_normalizer as _sub_normalizer
 from ..._core.numba_pool import own_lines, run_jobs
 
 # No "nnan"/"ninf": NaN (found through the row's sum) and rows of -inf must survive.
@@ -724,7 +725,8 @@ def _window_job(x, xs, T, R, V, sym, term, px, py, lz, step, job):
     window ``x (B, T, R, V)`` (row at ``b xs[0] + t xs[1] + r xs[2]``): ``lz[i]``, the
     row's log-normalizer (float64, ``-inf`` for a row of ``-inf``), and its two arcs
     ``px[i] = x[sym[i]] - lz``, ``py[i] = x[term] - lz`` (as ``(x - m) - log s``: exact
-    where the row's maximum is the arc's logit). NaN or ``+inf`` in a row gives NaN arcs."""
+    where the row's maximum is the arc's logit; ``-inf`` for a row of ``-inf``, the rule
+    of ``_core/logspace.py``). NaN or ``+inf`` in a row gives NaN arcs."""
     acc = np.empty(_LANES, x.dtype)
     zero = np.zeros(1, x.dtype)[0]
     for i in range(job * step, min(px.shape[0], (job + 1) * step)):
@@ -732,7 +734,7 @@ def _window_job(x, xs, T, R, V, sym, term, px, py, lz, step, job):
         o = (f // T) * xs[0] + (f % T) * xs[1] + (i - f * R) * xs[2]
         xrow = x[o : o + V]
         m = _row_max(xrow, V, acc)
-        if m == -np.inf:  # a row of -inf: s = 0, arcs -inf - -inf = NaN (as torch's)
+        if m == -np.inf:  # a row of -inf: shift 0, s = 0, ls = -inf, arcs -inf
             m = zero
         s = zero
         for v in range(V):
@@ -740,8 +742,8 @@ def _window_job(x, xs, T, R, V, sym, term, px, py, lz, step, job):
         ls = math.log(np.float64(s)) if s > 0 else (-np.inf if s == 0 else np.nan)
         mm = np.float64(m)
         lz[i] = mm + ls
-        px[i] = (np.float64(xrow[sym[i]]) - mm) - ls
-        py[i] = (np.float64(xrow[term]) - mm) - ls
+        px[i] = _sub_normalizer(np.float64(xrow[sym[i]]) - mm, ls)
+        py[i] = _sub_normalizer(np.float64(xrow[term]) - mm, ls)
 
 
 def window_arcs(x: torch.Tensor, sym: torch.Tensor, term: int

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..._core.logspace import log_normalizer, softmax_given, sub_normalizer
 from ..lattice.reference import transducer_lattice
 from .table import JointTable, delay_terms, epilogue_weights
 
@@ -62,11 +63,9 @@ def _from_padded(grad: torch.Tensor, Tl: torch.Tensor, Ul: torch.Tensor) -> torc
 
 
 def _log_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Guarded: a row of ``-inf`` logits gives ``-inf`` log-probabilities (no arc), not NaN."""
-    m = x.amax(-1, keepdim=True)
-    m = torch.where(m == NEG_INF, 0.0, m)
-    log_z = torch.log(torch.exp(x - m).sum(-1, keepdim=True)) + m
-    return torch.where(log_z == NEG_INF, NEG_INF, x - log_z)
+    """Guarded: a row of ``-inf`` logits gives ``-inf`` log-probabilities (no arc), not NaN
+    (``_core/logspace.py``'s rule, which every other path follows)."""
+    return sub_normalizer(x, log_normalizer(x, -1, keepdim=True))
 
 
 def _arc_scores(x: torch.Tensor, tg: torch.Tensor, Tl: torch.Tensor, table: JointTable,
@@ -283,8 +282,8 @@ def joint_tile_grad(
     idx = targets[:, None, :, None].expand(*x.shape[:3], 1)
 
     def probs(xb: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        # log Z = -inf: no class with a finite logit, taken as +inf (exp gives 0)
-        return torch.exp(xb - z.masked_fill(z == NEG_INF, float("inf"))[..., None])
+        # log Z = -inf: no class with a finite logit, probabilities 0 (not NaN)
+        return softmax_given(xb, z[..., None])
 
     p = probs(xf[..., :V], lz)
     pd = probs(xf[..., V:], lzd) if lzd is not None else None
