@@ -898,7 +898,7 @@ def test_window_arcs_match_float64_log_softmax(dtype):
     """The Numba backend's one read of a pruned window (``window_arcs``, the forward of
     ``rnnt_loss_pruned`` on CPU) against torch's float64 log-softmax: wide logits, a
     row of ``-inf`` but one class, a NaN row, a ``+inf`` row and a row of ``-inf``
-    (NaN arcs, as torch's ``logsumexp`` path gives), in a permuted layout."""
+    (``-inf`` arcs and log-normalizer: a state with no way out), in a permuted layout."""
     from seqloss.transducer.joint.numba_cpu import window_arcs
 
     g = torch.Generator().manual_seed(71)
@@ -914,15 +914,18 @@ def test_window_arcs_match_float64_log_softmax(dtype):
     xd = x.to(dtype)
     assert not xd.is_contiguous() and xd.stride(3) == 1
     px, py, lz = window_arcs(xd, sym, term)
-    lp = torch.log_softmax(xd.double(), dim=3)
+    dead = (x == -math.inf).all(3)
+    # torch's log-softmax, -inf on the row of -inf (torch's gives NaN there)
+    lp = torch.log_softmax(xd.double(), dim=3).masked_fill(dead[..., None], -math.inf)
     want_x = lp.gather(3, sym[..., None])[..., 0]
     want_y = lp[..., term]
     eps = 2e-7 if dtype == torch.float32 else 1e-15
+    assert bool(dead.any()) and (lz[dead] == -math.inf).all()
     for got, want in ((px, want_x), (py, want_y)):
         assert got.dtype == dtype
         nan = torch.isnan(want) | torch.isnan(x.double()).any(3) | (x == math.inf).any(3)
-        nan |= (x == -math.inf).all(3)
         assert torch.equal(torch.isnan(got), nan)
+        assert (got[dead] == -math.inf).all()
         fin = ~nan & torch.isfinite(want)
         torch.testing.assert_close(got.double()[fin], want[fin], rtol=eps, atol=eps * 100)
         assert torch.equal(got[~nan & ~torch.isfinite(want)], want[~nan & ~torch.isfinite(want)]

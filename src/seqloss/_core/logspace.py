@@ -54,6 +54,8 @@ def log_normalizer(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tor
     The dead rows' entries are replaced by 0 before the sum (``where``: its backward
     gives exactly 0 there) and the result by ``-inf`` after. NaN and ``+inf`` propagate.
     """
+    if not (torch.is_grad_enabled() and x.requires_grad):
+        return torch.logsumexp(x, dim, keepdim)  # the same value, no gradient to guard
     dead = _dead_rows(x, dim)
     z = torch.logsumexp(torch.where(dead, 0.0, x), dim, keepdim=True)
     z = torch.where(dead, NEG_INF, z)

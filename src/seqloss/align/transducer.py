@@ -18,6 +18,7 @@ from torch import Tensor
 from .._core import checks
 from .._core.dispatch import resolve_backend
 from .._core.errors import InputError
+from .._core.logspace import sub_normalizer
 from .._core.types import IntsLike
 from ..transducer.checks import transducer_inputs, transducer_values
 from ..transducer.joint.table import JointTable, multiblank_table, rnnt_table, tdt_table
@@ -63,8 +64,8 @@ def _row_lse_numba(x: Tensor, il: Tensor, tl: Tensor) -> tuple[Tensor, Tensor]:
 
 def _log_softmax(x: Tensor, lse: Tensor) -> Tensor:
     """``x - lse``; a row of ``-inf`` logits (``lse = -inf``) gives ``-inf`` arcs, as the
-    losses' guarded log-softmax does, not ``-inf - -inf``."""
-    return torch.where((lse != NEG_INF)[..., None], x - lse[..., None], NEG_INF)
+    losses do, not ``-inf - -inf`` (``_core/logspace.py``'s rule)."""
+    return sub_normalizer(x, lse[..., None])
 
 
 def _nonfinite(x: Tensor, region: Tensor) -> Tensor:
