@@ -151,7 +151,8 @@ def rnnt_loss_simple(
     ``log p(c | t, s) = am[b, t, c] + lm[b, s, c] - log sum_c' exp(am[b, t, c'] + lm[b, s, c'])``,
     the normalizer computed by ``seqloss.logmmexp(am, lm^T)`` in O(B·T·S) memory,
     without k2's ``finfo.tiny`` (k2 gives 912.66 for ``am = [0, -1000]``,
-    ``lm = [-1000, 0]``, whose true per-frame normalizer is ``log 2 - 1000``).
+    ``lm = [-1000, 0]``, whose true per-frame normalizer is ``log 2 - 1000``). An ``am``
+    frame or an ``lm`` row of ``-inf`` leaves no path (``+inf``; 0 with ``zero_infinity``).
 
     Args:
         lm: ``(B, S + 1, C)`` prediction-network part of the unnormalized logits.
@@ -262,7 +263,8 @@ def rnnt_loss_pruned(
     RNN-T loss.
 
     Args:
-        logits: ``(B, T, s_range, C)`` unnormalized joiner output (log-softmax'd here).
+        logits: ``(B, T, s_range, C)`` unnormalized joiner output (log-softmax'd here;
+            a row of ``-inf`` is a state with no way out, as in ``rnnt_loss``).
         symbols: ``(B, S)`` int64 symbols.
         ranges: ``(B, T, s_range)`` int64 window positions, ``0 <= r <= S + 1 - s_range``.
         use_hat_loss: k2's HAT loss (hybrid autoregressive transducer): with
