@@ -15,14 +15,15 @@ import sys
 import torch
 from torch import Tensor
 
+from . import torch_compat as tc
 from .dispatch import resolve_backend
 from .ops import DOUBLE_BACKWARD, batch_product, grads_to_hand_on
 
 grad_enabled = torch.is_grad_enabled
 compiling = torch.compiler.is_compiling
-transforms_active = torch._C._are_functorch_transforms_active
-is_functional = torch._is_functional_tensor
-wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+transforms_active = tc.functorch_transforms_active
+is_functional = tc.is_functional_tensor
+wrapped = tc.is_functorch_wrapped
 
 # The backend-selection variable, kept in step with the environment by an audit hook:
 # every change through os.environ (setting, deleting, clearing, pytest's monkeypatch)
