@@ -19,9 +19,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import backend_params
 
 import seqloss
-from conftest import backend_params
 
 RESULTS: dict[str, dict[str, float]] = {}
 
@@ -304,7 +304,7 @@ def _check(name, backend, dtype, loss, grads, key):
     want, wgrads = _oracle(name)
     assert torch.isfinite(loss).all(), f"{name}: loss {loss}"
     _close(loss, want, dtype, f"{name} loss")
-    for i, (g, w) in enumerate(zip(grads, wgrads)):
+    for i, (g, w) in enumerate(zip(grads, wgrads, strict=True)):
         assert (g is None) == (w is None), f"{name}: gradient {i}"
         if g is not None:
             _close(g, w, dtype, f"{name} grad {i}")
@@ -357,7 +357,7 @@ def test_alignments(backend):
                    _logits(B, T, U + 1, V + 2), tg, TL, UL, [2, 3], backend="reference"),
                "tdt": lambda: seqloss.tdt_align(_logits(B, T, U + 1, V + 3), tg, TL, UL,
                                                 [0, 1, 2], backend="reference")}[kind]()
-        for a, b in zip(out, ref):
+        for a, b in zip(out, ref, strict=True):
             torch.testing.assert_close(a, b)
         _note(f"{kind}_align/{backend}", out[-1], [])
     _note(f"ctc_align/{backend}", scores, [])
@@ -436,7 +436,7 @@ EAGER_ONLY = ["rnnt_loss_inplace", "rnnt_loss_from_joint", "hat_loss_from_joint"
 def test_after_dynamo_is_loaded(name):
     """An optimizer step imports ``torch._dynamo``: the eager-only functions then wrap
     themselves with ``torch.compiler.disable`` (``torch_compat.compiler_disable``)."""
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo  # an optimizer step imports it
 
     loss, grads = _run(name, "numba", torch.float64)
     _check(name, "numba", torch.float64, loss, grads, f"dynamo/{name}")

@@ -62,11 +62,18 @@ def c_apply(cls: type[torch.autograd.Function]):
 def functorch_values(x: torch.Tensor) -> list:
     """The values of ``x`` (a tensor wrapped by a running ``torch.func`` transform) as a list.
 
-    ``.numpy()`` refuses a wrapped tensor; its innermost unwrapped tensor is a plain one.
+    ``.numpy()`` refuses a wrapped tensor, so unwrap it; and before torch 2.9 even the
+    innermost tensor's ``.tolist()`` goes through the transform's dispatch (which fails:
+    "Cannot access data pointer of Tensor that doesn't have storage"), so read it with
+    functorch's dispatch turned off.
     """
     while is_functorch_wrapped(x):
         x = torch._C._functorch.get_unwrapped(x)
-    return x.tolist()
+    off = getattr(torch._C, "_DisableFuncTorch", None)
+    if off is None:  # the public route, right where functorch no longer intercepts it
+        return x.tolist()
+    with off():
+        return x.tolist()
 
 
 # ----------------------------------------------------------------------------- custom ops
