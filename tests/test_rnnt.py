@@ -7,7 +7,7 @@ import functools
 import pytest
 import torch
 from conftest import device_for
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import seqloss
@@ -580,6 +580,8 @@ def test_opcheck(rnnt_backend):
     fused=st.booleans(),
     seed=st.integers(0, 2**16),
 )
+# A loss of 7e-5 from cancelling terms of magnitude ~5: |diff| 2.9e-16 is rounding.
+@example(B=1, T=1, U=0, V=2, blank_last=False, fused=True, seed=128)
 def test_hypothesis_numba_vs_reference(B, T, U, V, blank_last, fused, seed):
     pytest.importorskip("numba")
     blank = V - 1 if blank_last else 0
