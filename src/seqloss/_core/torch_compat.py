@@ -6,13 +6,14 @@ is taken here, behind a version guard or a public fallback, and
 ``tests/test_torch_compat.py`` fails loudly when one of them moves. Nothing else in
 seqloss reaches into ``torch._C`` or ``torch._subclasses``.
 
-- ``custom_op`` / ``infer_schema``: before torch 2.5 the schema inference reads raw
-  annotations, so the strings that ``from __future__ import annotations`` makes are
-  refused, and ``torch.library.infer_schema`` does not exist; before 2.6 it knows
-  ``typing.List[int]`` but not ``list[int]``. Below 2.6 the annotations are evaluated
-  here and rewritten to the typing forms those releases accept.
+- ``custom_op`` / ``infer_schema``: torch 2.4's schema inference refuses the string
+  annotations that ``from __future__ import annotations`` makes, and has no public
+  ``torch.library.infer_schema``; 2.5's takes ``typing.List[int]`` but not
+  ``list[int]`` (2.7 takes both). Below 2.7 the annotations are evaluated here and
+  rewritten to the typing forms every release accepts.
 - ``compiler_disable``: ``torch.compiler.disable(fn, reason=...)`` takes ``reason``
   from torch 2.8 on; before, the reason is dropped (the graph break still happens).
+- ``mark_disabled``: the attributes dynamo reads on a disabled function.
 - ``functorch_values``: the values of an index tensor wrapped by a ``torch.func``
   transform (private ``torch._C._functorch``).
 """
@@ -62,10 +63,10 @@ def c_apply(cls: type[torch.autograd.Function]):
 def functorch_values(x: torch.Tensor) -> list:
     """The values of ``x`` (a tensor wrapped by a running ``torch.func`` transform) as a list.
 
-    ``.numpy()`` refuses a wrapped tensor, so unwrap it; and before torch 2.9 even the
-    innermost tensor's ``.tolist()`` goes through the transform's dispatch (which fails:
-    "Cannot access data pointer of Tensor that doesn't have storage"), so read it with
-    functorch's dispatch turned off.
+    ``.numpy()`` refuses a wrapped tensor, so unwrap it; and on older releases (2.4.1,
+    2.7.1, 2.8.0 measured) even the innermost tensor's ``.tolist()`` goes through the
+    transform's dispatch, which fails ("Cannot access data pointer of Tensor that
+    doesn't have storage"): read it with functorch's dispatch turned off.
     """
     while is_functorch_wrapped(x):
         x = torch._C._functorch.get_unwrapped(x)
@@ -77,12 +78,12 @@ def functorch_values(x: torch.Tensor) -> list:
 
 
 # ----------------------------------------------------------------------------- custom ops
-_OLD_SCHEMA = TORCH_VERSION < (2, 6)
-_TYPING = {list: typing.List, tuple: typing.Tuple}  # noqa: UP006 (what torch < 2.6 reads)
+_OLD_SCHEMA = TORCH_VERSION < (2, 7)
+_TYPING = {list: typing.List, tuple: typing.Tuple}  # noqa: UP006 (what torch < 2.7 reads)
 
 
 def _old_form(tp):
-    """``tp`` in the spelling torch < 2.6's schema inference accepts."""
+    """``tp`` in the spelling torch < 2.7's schema inference accepts."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):
         parts = tuple(_old_form(a) for a in args)
@@ -96,7 +97,7 @@ def _old_form(tp):
 def _evaluated(fn: Callable) -> Callable:
     """``fn`` as the schema inference sees it: its signature with evaluated annotations
     (strings, from ``from __future__ import annotations``, are resolved in ``fn``'s
-    module), in torch < 2.6's spelling there."""
+    module), in torch < 2.7's spelling there."""
     hints = typing.get_type_hints(fn)
     sig = inspect.signature(fn)
     conv = _old_form if _OLD_SCHEMA else (lambda t: t)
@@ -138,3 +139,11 @@ def compiler_disable(fn: Callable, reason: str) -> Callable:
     if _DISABLE_TAKES_REASON:
         return torch.compiler.disable(fn, reason=reason)
     return torch.compiler.disable(fn)
+
+
+def mark_disabled(fn: Callable, reason: str) -> None:
+    """Mark ``fn`` as ``torch.compiler.disable`` marks its own wrapper, without importing
+    ``torch._dynamo``: dynamo (private attributes read in ``torch/_dynamo``) then refuses
+    to inline it and breaks the graph, naming ``reason`` where it can."""
+    fn._torchdynamo_disable = True
+    fn._torchdynamo_disable_msg = reason
