@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from torch._C import _functorch
 
 from .errors import InputError, InputTypeError
+from .torch_compat import functorch_values, is_functorch_wrapped
 from .types import REDUCTIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -178,11 +178,9 @@ def to_host(x: torch.Tensor) -> np.ndarray:
     Under ``torch.func`` even a tensor made inside the transform (a default boundary, a
     length tensor) is wrapped; the values of these index tensors are the wrapped ones."""
     x = x.detach()
-    if not _functorch.is_functorch_wrapped_tensor(x):
+    if not is_functorch_wrapped(x):
         return x.cpu().numpy()
-    while _functorch.is_functorch_wrapped_tensor(x):
-        x = _functorch.get_unwrapped(x)
-    return np.asarray(x.tolist())  # .numpy() refuses it while the transform runs
+    return np.asarray(functorch_values(x))  # .numpy() refuses it while the transform runs
 
 
 def check_lengths(lengths: torch.Tensor | np.ndarray, name: str, upper: int,

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-import torch
+from .torch_compat import compiler_disable, mark_disabled
 
 F = TypeVar("F", bound=Callable)
 
@@ -31,11 +31,8 @@ def eager_only(fn: F, reason: str) -> F:
         if disabled is None:
             if "torch._dynamo" not in sys.modules:  # eager only: nothing to disable
                 return fn(*args, **kwargs)
-            disabled = torch.compiler.disable(fn, reason=reason)
+            disabled = compiler_disable(fn, reason)
         return disabled(*args, **kwargs)
 
-    # The attributes dynamo reads on a disabled function (torch/_dynamo/decorators.py):
-    # it refuses to inline the wrapper and breaks the graph with this reason.
-    wrapper._torchdynamo_disable = True
-    wrapper._torchdynamo_disable_msg = reason
+    mark_disabled(wrapper, reason)
     return wrapper  # type: ignore[return-value]

@@ -10,30 +10,21 @@ autograd semantics.
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 from torch import Tensor
 
-from .dispatch import resolve_backend
+from . import torch_compat as tc
+from .dispatch import _WATCHED, ENV_VAR, _env, resolve_backend
 from .ops import DOUBLE_BACKWARD, batch_product, grads_to_hand_on
 
 grad_enabled = torch.is_grad_enabled
 compiling = torch.compiler.is_compiling
-transforms_active = torch._C._are_functorch_transforms_active
-is_functional = torch._is_functional_tensor
-wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+transforms_active = tc.functorch_transforms_active
+is_functional = tc.is_functional_tensor
+wrapped = tc.is_functorch_wrapped
 
-# The backend-selection variable, kept in step with the environment by an audit hook:
-# every change through os.environ (setting, deleting, clearing, pytest's monkeypatch)
-# calls os.putenv or os.unsetenv, which raise the documented "os.putenv" / "os.unsetenv"
-# audit events (with the new value) just before os.environ stores it (os.putenv called
-# directly, which os.environ does not see either, is seen here). os.environ.get
-# costs 0.6-1.7 us (a raised and caught KeyError when unset), ~2-5% of a small CTC
-# forward+backward; the cached read ~0.05 us.
-ENV_VAR = "SEQLOSS_BACKEND"
 _CPU = torch.device("cpu")
-_env = [os.environ.get(ENV_VAR)]
 
 
 def _installed(backend: str) -> bool:
@@ -45,20 +36,6 @@ def _installed(backend: str) -> bool:
 
 
 _NUMBA = _installed("numba")
-# Without os.putenv/os.unsetenv, os.environ changes nothing it would report: read it.
-_WATCHED = hasattr(os, "putenv") and hasattr(os, "unsetenv")
-
-
-def _on_audit(event: str, args: tuple) -> None:
-    if event == "os.putenv" or event == "os.unsetenv":
-        if os.fsdecode(args[0]) == ENV_VAR:
-            _env[0] = None if event == "os.unsetenv" else os.fsdecode(args[1])
-
-
-if _WATCHED:
-    sys.addaudithook(_on_audit)
-
-
 def cpu_backend(backend: object) -> str:
     """``dispatch.resolve_backend(backend, cpu)``: the common answers (Numba for ``"auto"``
     left to the default, or asked for by name) without its environment read; any other

@@ -37,18 +37,17 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
+from . import torch_compat as tc
 from .lanes import attach, freed_graph, scaled_grads
 from .ops import _all_ones, _keep_graph, apply_eagerly, batch_product, c_apply, grads_to_hand_on
 
-_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-_is_functional = torch._is_functional_tensor
+_wrapped = tc.is_functorch_wrapped
+_is_functional = tc.is_functional_tensor
 _compiling = torch.compiler.is_compiling
-_transforms_active = torch._C._are_functorch_transforms_active
+_transforms_active = tc.functorch_transforms_active
 _grad_enabled = torch.is_grad_enabled
-_TRACED = (FakeTensor, FunctionalTensor)
+_TRACED = tc.TRACED_TENSORS
 
 
 class OpDecl:
@@ -91,7 +90,7 @@ class OpDecl:
         if per_backend:
             if vjp is not None or n_diff == 0:
                 raise ValueError(f"{name}: per_backend needs a loss-like op (no vjp, n_diff > 0)")
-            schema = torch.library.infer_schema(impl, mutates_args=())
+            schema = tc.infer_schema(impl, mutates_args=())
             impl = _by_backend(dict(per_backend), impl)
         self.impl, self.n_diff, self.batch_dim = impl, n_diff, batch_dim
         self.batch_scale, self.scale_args, self.fast = batch_scale, scale_args, fast
@@ -104,7 +103,7 @@ class OpDecl:
         self._flag, self._eager, self._eager_apply, self._func = (
             (-2, _EagerOp, _eager_apply, _FuncOp) if vjp is None
             else (-1, _EagerVjp, _eager_vjp_apply, _FuncVjp))
-        op = torch.library.custom_op(name, impl, mutates_args=(), schema=schema)
+        op = tc.custom_op(name, impl, mutates_args=(), schema=schema)
         op.register_fake(fake)
         if n_diff == 0:
             pass

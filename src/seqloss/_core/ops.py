@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
 from . import checks
+from . import torch_compat as tc
 
 NAN = float("nan")
 
@@ -39,7 +38,7 @@ def _scale_grad(grad: Tensor, grad_out: Tensor, batch_dim: int) -> Tensor:
     return grad * g.to(grad.dtype)
 
 
-scale_grad = torch.library.custom_op("seqloss::scale_grad", _scale_grad, mutates_args=())
+scale_grad = tc.custom_op("seqloss::scale_grad", _scale_grad, mutates_args=())
 
 
 @scale_grad.register_fake
@@ -58,10 +57,9 @@ def _no_double_backward(ctx, g):
 scale_grad.register_autograd(_no_double_backward)
 
 
-# Whether the running backward keeps the graph (``retain_graph=True``); where torch does not
-# say, assume it does (the safe answer: a fresh product instead of the saved gradient).
-_keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph",
-                      lambda: True)
+# Whether the running backward keeps the graph (``retain_graph=True``; True where torch
+# does not say: the safe answer, a fresh product instead of the saved gradient).
+_keep_graph = tc.graph_task_keeps_graph
 
 
 def _all_ones(g: Tensor) -> bool:
@@ -169,7 +167,7 @@ def poison_nonfinite(
 
 
 def _functorch_wrapped(t: Tensor) -> bool:
-    return torch._C._functorch.is_functorch_wrapped_tensor(t)
+    return tc.is_functorch_wrapped(t)
 
 
 def c_apply(cls: type[torch.autograd.Function]):
@@ -177,12 +175,12 @@ def c_apply(cls: type[torch.autograd.Function]):
     which binds default arguments for ``setup_context`` and unwraps dead functorch
     wrappers: neither applies with no functorch transform active). Call it through
     ``apply_eagerly``."""
-    return torch._C._FunctionBase.__dict__["apply"].__get__(None, cls)
+    return tc.c_apply(cls)
 
 
 def apply_eagerly(cls: type[torch.autograd.Function], fast, *args):
     """``cls.apply(*args)``; ``fast`` (``c_apply(cls)``) when no functorch transform is active."""
-    if not torch._C._are_functorch_transforms_active():
+    if not tc.functorch_transforms_active():
         return fast(*args)
     return cls.apply(*args)
 
@@ -199,7 +197,7 @@ def _is_traced(t: Tensor) -> bool:
     """True while tracing (compile, fake/functional tensors, functorch): no value reads then."""
     return (
         torch.compiler.is_compiling()
-        or isinstance(t, (FakeTensor, FunctionalTensor))
-        or torch._is_functional_tensor(t)
-        or torch._C._functorch.is_functorch_wrapped_tensor(t)
+        or isinstance(t, tc.TRACED_TENSORS)
+        or tc.is_functional_tensor(t)
+        or tc.is_functorch_wrapped(t)
     )

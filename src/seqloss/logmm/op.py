@@ -19,6 +19,7 @@ from torch import Tensor
 from .._core.dispatch import kernel_module
 from .._core.opdecl import OpDecl
 from .._core.ops import _acc_dtype, conform_layout
+from .._core.torch_compat import custom_op
 
 
 def logmmexp_impl(a: Tensor, b: Tensor, backend: str, compute_grad: bool) -> list[Tensor]:
@@ -54,7 +55,7 @@ def logmmexp_backward_impl(
     return ga, gb
 
 
-logmmexp_backward_op = torch.library.custom_op(
+logmmexp_backward_op = custom_op(
     "seqloss::logmmexp_backward", logmmexp_backward_impl, mutates_args=()
 )
 

@@ -31,6 +31,7 @@ from .._core import checks
 from .._core.compiler import eager_only
 from .._core.errors import InputError, InputTypeError
 from .._core.logspace import log_normalizer, log_softmax, sub_normalizer
+from .._core.torch_compat import functorch_transforms_active
 from .._core.types import IntsLike
 from .checks import resolve_token_blank, transducer_inputs, transducer_values
 from .from_joint import (
@@ -355,7 +356,7 @@ class _JointRows(torch.autograd.Function):
 
 
 def check_no_transforms(what: str, why: str = "runs the joint network again") -> None:
-    if torch._C._are_functorch_transforms_active():
+    if functorch_transforms_active():
         raise NotImplementedError(
             f"seqloss: {what} does not support torch.func transforms (its backward {why} "
             f"under autograd); use torch.autograd.grad")

@@ -44,6 +44,7 @@ from .._core.dispatch import kernel_module, resolve_backend
 from .._core.errors import InputError, InputTypeError
 from .._core.logspace import sub_normalizer
 from .._core.reduce import finish, weights
+from .._core.torch_compat import functorch_transforms_active
 from .._core.types import IntsLike, TransducerReduction
 from .checks import resolve_token_blank, transducer_inputs, transducer_values
 from .joint.table import (
@@ -734,7 +735,7 @@ def _run(encoder_out: Tensor, predictor_out: Tensor, joint: object, probe: Tenso
     plan.probe_dtype = probe.dtype  # type: ignore[attr-defined]
     plan.tiles = _plan_tiles(Tl, Ul, T, U1, plan.chunk_rows)
     plan.pads = _plan_pads(plan, device)
-    if torch._C._are_functorch_transforms_active():
+    if functorch_transforms_active():
         raise NotImplementedError(
             "seqloss: the *_loss_from_joint losses do not support torch.func transforms "
             "(their backward runs the joint network again under autograd); use "
