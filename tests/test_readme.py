@@ -69,3 +69,15 @@ def test_self_contained_example_runs_alone(line, code):
                   and v.is_leaf]
         assert leaves and all(v.grad is not None and bool(torch.isfinite(v.grad).all())
                               for v in leaves)
+
+
+def test_ci_runs_the_readme_test_command():
+    """The README's test command (in its first block) is the quick tier, and .ci/run runs it."""
+    ci = README.parent / ".ci" / "run"
+    if not ci.exists():
+        pytest.skip(".ci/run is not in this checkout")
+    first = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    command = next(line for line in first if "pytest" in line).rsplit("&&", 1)[-1].strip()
+    assert command == "python -m pytest -q -m quick"
+    assert any(line.strip().startswith(f"time {command} ") or line.strip() == command
+               for line in ci.read_text().splitlines())
