@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 
 import torch
 
@@ -61,13 +62,120 @@ def backend_params(family: str):
     return out
 
 
+# The quick tier, `python -m pytest -q -m quick` (the README's test command): every loss
+# family on every backend against its core oracles (brute force, gradcheck, torch, the
+# full-joint loss), the compile path, the README; a few minutes on 2 cores from a fresh
+# Numba cache. The full suite (`python -m pytest -q tests`) runs in CI (.ci/run). An entry
+# is a test file, a test function (every parametrization) or a node id with `*` wildcards.
+QUICK = (
+    # CTC
+    "tests/test_ctc.py::test_brute_force[reference-*",
+    "tests/test_ctc.py::test_brute_force[numba-*",
+    "tests/test_ctc.py::test_brute_force[triton-T4C4L2b3-*",
+    "tests/test_ctc.py::test_matches_torch[*-padded-blank0-none]",
+    "tests/test_ctc.py::test_gradcheck[numba*",
+    "tests/test_ctc.py::test_half_equals_float32_on_rounded[numba-*",
+    "tests/test_ctc.py::test_nonfinite_poisons_one_sequence[numba-*",
+    "tests/test_ctc.py::test_value_errors_name_argument_and_index",
+    "tests/test_ctc_delay_penalty.py::test_brute_force[reference-*",
+    "tests/test_ctc_delay_penalty.py::test_brute_force[numba-*",
+    "tests/test_ctc_delay_penalty.py::test_brute_force[triton-pos-fused]",
+    "tests/test_align.py::test_ctc_brute_force[reference-*",
+    "tests/test_align.py::test_ctc_brute_force[numba-*",
+    "tests/test_align.py::test_ctc_brute_force[triton-random]",
+    # RNN-T
+    "tests/test_rnnt.py::test_brute_force[reference-*",
+    "tests/test_rnnt.py::test_brute_force[numba-*",
+    "tests/test_rnnt.py::test_brute_force[triton-T3U3V5b4-*",
+    "tests/test_rnnt.py::test_packed_equals_padded[numba-*",
+    "tests/test_rnnt.py::test_half_equals_float32_on_rounded[numba-fused-*",
+    "tests/test_rnnt.py::test_torch_compile_fullgraph[numba]",
+    "tests/test_rnnt.py::test_errors",
+    "tests/test_align.py::test_rnnt_brute_force[reference-*",
+    "tests/test_align.py::test_rnnt_brute_force[numba-*",
+    "tests/test_align.py::test_rnnt_brute_force[triton-random]",
+    # multi-blank, TDT, HAT
+    "tests/test_multiblank.py::test_against_brute_force[reference-*",
+    "tests/test_multiblank.py::test_against_brute_force[numba-*",
+    "tests/test_multiblank.py::test_against_brute_force[triton-default-none]",
+    "tests/test_tdt.py::test_against_brute_force[reference-*-joint]",
+    "tests/test_tdt.py::test_against_brute_force[numba-*",
+    "tests/test_tdt.py::test_against_brute_force[triton-default-none-joint]",
+    "tests/test_hat.py::test_against_brute_force[reference-*",
+    "tests/test_hat.py::test_against_brute_force[numba-*",
+    "tests/test_hat.py::test_against_brute_force[triton-mean_volume]",
+    "tests/test_transducer_align.py::test_multiblank_brute_force[reference-*",
+    "tests/test_transducer_align.py::test_multiblank_brute_force[numba-*",
+    "tests/test_transducer_align.py::test_multiblank_brute_force[triton-random]",
+    "tests/test_transducer_align.py::test_tdt_brute_force[reference-*-joint]",
+    "tests/test_transducer_align.py::test_tdt_brute_force[numba-*",
+    "tests/test_transducer_delay_penalty.py::test_against_brute_force[reference-*-pos]",
+    "tests/test_transducer_delay_penalty.py::test_against_brute_force[numba-*-pos]",
+    "tests/test_transducer_delay_penalty.py::test_against_brute_force[triton-rnnt-pos]",
+    # the lattice, arc log-probabilities, the losses from the joint
+    "tests/test_lattice.py::test_brute_force[reference-*",
+    "tests/test_lattice.py::test_brute_force[numba-*",
+    "tests/test_lattice.py::test_brute_force[triton-tdt-like]",
+    "tests/test_lattice.py::test_arc_logprobs_compose_with_the_lattice",
+    "tests/test_arc_logprobs.py::test_matches_float64_log_softmax[dtype0-*",
+    "tests/test_arc_logprobs.py::test_gradcheck_float64",
+    "tests/test_from_joint.py::test_rnnt_matches_materialized[*-mean-7]",
+    "tests/test_from_joint.py::test_multiblank_matches_materialized[*-7]",
+    "tests/test_from_joint.py::test_tdt_matches_materialized[*-11]",
+    # simple/pruned RNN-T, logmmexp
+    "tests/test_factored.py::test_every_backend_against_path_enumeration",
+    "tests/test_factored.py::test_pruned_against_path_enumeration",
+    "tests/test_pruned_hat.py::test_every_backend_equals_the_plain_loss_on_hat_log_probs[numba]",
+    "tests/test_logmmexp.py::test_values_and_grads_match_exact[reference-randn-f64]",
+    "tests/test_logmmexp.py::test_values_and_grads_match_exact[numba-*",
+    "tests/test_logmmexp.py::test_values_and_grads_match_exact[triton-randn-f64]",
+    "tests/test_logmmexp.py::test_gradcheck_float64[numba]",
+    # across families: reductions, empty batches
+    "tests/test_reductions.py::test_mean_is_the_replaced_librarys",
+    "tests/test_empty_inputs.py::test_empty_batch_ctc",
+    "tests/test_empty_inputs.py::test_empty_batch_rnnt",
+    # the public names, the README
+    "tests/test_public_api.py",
+    "tests/test_readme.py",
+)
+
+
+def _quick_matches(entry: str, nodeid: str) -> bool:
+    if "*" in entry:  # `*` only: node ids hold `[`, which fnmatch would read as a set
+        return re.fullmatch(".*".join(map(re.escape, entry.split("*"))), nodeid) is not None
+    return nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
+
+
+def _mark_quick(config, items) -> None:
+    matched = set()
+    for item in items:
+        hits = [e for e in QUICK if _quick_matches(e, item.nodeid)]
+        if hits:
+            item.add_marker(pytest.mark.quick)
+            matched.update(hits)
+    # A renamed test must not drop out of the tier unnoticed: an entry whose file was
+    # collected whole (no node ids on the command line) matches something.
+    if any("::" in a for a in config.args):
+        return
+    files = {item.nodeid.split("::", 1)[0] for item in items}
+    stale = [e for e in QUICK if e not in matched and e.split("::", 1)[0] in files]
+    if stale:
+        raise pytest.UsageError(f"conftest.QUICK entries match no test: {stale}")
+
+
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers", "reference_oracle: the oracle is the reference backend, so the test's "
         "reference parametrization (which would test the reference against itself) is not run")
+    config.addinivalue_line(
+        "markers", "quick: the quick tier (`python -m pytest -q -m quick`), listed in "
+        "conftest.QUICK")
 
 
+# tryfirst: the marks must be on the items before `-m quick` selects by them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
+    _mark_quick(config, items)
     kept, dropped = [], []
     for item in items:
         params = getattr(item, "callspec", None)

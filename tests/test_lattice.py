@@ -180,6 +180,41 @@ def test_rnnt_arcs_give_the_rnnt_loss(lattice_backend):
     torch.testing.assert_close(-ll, loss, rtol=1e-10, atol=1e-10)
 
 
+def test_arc_logprobs_compose_with_the_lattice(lattice_backend):
+    """transducer_arc_logprobs' (B, T, U+1) outputs are the lattice's RNN-T arcs as they are:
+    minus the log-likelihood is rnnt_loss, in value and in the gradient on the logits."""
+    dev = device_for(lattice_backend)
+    g = torch.Generator().manual_seed(5)
+    B, T, U, V = 3, 5, 3, 6
+    x = torch.randn(B, T, U + 1, V, generator=g, dtype=torch.float64).to(dev)
+    tg = torch.randint(0, V - 1, (B, U), generator=g)
+    il, tl = torch.tensor([5, 4, 2]), torch.tensor([3, 1, 0])
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    arcs = seqloss.transducer_arc_logprobs(x1, tg, il, tl)
+    assert [a.shape for a in arcs] == [(B, T, U + 1)] * 2
+    ll = seqloss.transducer_lattice(*arcs, il, tl, backend=lattice_backend)
+    want = seqloss.rnnt_loss(x2, tg, il, tl, reduction="none",
+                             backend=other_backend(lattice_backend))
+    torch.testing.assert_close(-ll, want, rtol=1e-10, atol=1e-10)
+    up = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64, device=dev)
+    (gx,) = torch.autograd.grad(-(ll * up).sum(), x1)
+    (gw,) = torch.autograd.grad((want * up).sum(), x2)
+    torch.testing.assert_close(gx, gw, rtol=1e-9, atol=1e-12)
+
+
+def test_three_dim_arcs_are_one_duration():
+    ab, ae = _arcs(2, 3, 2, (1,), (0,), pad_t=0, pad_u=0)
+    il, tl = [3, 2], [2, 1]
+    ll = seqloss.transducer_lattice(ab[..., 0], ae, il, tl)
+    torch.testing.assert_close(ll, seqloss.transducer_lattice(ab, ae, il, tl), rtol=0, atol=0)
+    with pytest.raises(seqloss.InputError, match="blank_durations must hold one duration"):
+        seqloss.transducer_lattice(ab[..., 0], ae, il, tl, (1, 2))
+    with pytest.raises(seqloss.InputError, match="emit_durations must hold one duration"):
+        seqloss.transducer_lattice(ab, ae[..., 0], il, tl, (1,), (0, 1))
+    with pytest.raises(seqloss.InputError, match=r"arc_blank must be \(B, T, U\+1, Db\)"):
+        seqloss.transducer_lattice(ab[..., 0, 0], ae, il, tl)
+
+
 def test_opcheck_and_compile(lattice_backend):
     dev = device_for(lattice_backend)
     bd, ed = (1, 2), (0, 1)

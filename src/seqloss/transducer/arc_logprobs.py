@@ -467,8 +467,10 @@ transducer_arc_logprobs.__doc__ = r"""The log-probabilities of every arc of the 
     Differentiable (the gradient of padding is exactly zero, whatever it holds). Memory:
     the outputs and one tile of at most ``chunk_elements`` logits; the backward
     recomputes each tile and allocates only the logits' gradient. For regularizers on
-    the lattice's arcs (consistency between views, distillation); the outputs feed
-    :func:`seqloss.transducer_lattice`.
+    the lattice's arcs (consistency between views, distillation). The two RNN-T outputs
+    are :func:`seqloss.transducer_lattice`'s arcs as they are:
+    ``transducer_lattice(*transducer_arc_logprobs(logits, targets, T, U), T, U)`` is minus
+    ``rnnt_loss(logits, targets, T, U, reduction="none")``.
 """
 
 

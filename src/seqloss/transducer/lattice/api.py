@@ -81,8 +81,21 @@ def _checked_args(arc_blank, arc_emit, logit_lengths, target_lengths, blank_dura
     validate = _validate.flag(validate, "validate")
     _validate.check_float_tensor(arc_blank, "arc_blank")
     _validate.check_float_tensor(arc_emit, "arc_emit")
-    _validate.check_ndim(arc_blank, "arc_blank", (4,), "(B, T, U+1, Db)")
-    _validate.check_ndim(arc_emit, "arc_emit", (4,), "(B, T, U+1, De)")
+    _validate.check_ndim(arc_blank, "arc_blank", (3, 4), "(B, T, U+1, Db) or (B, T, U+1)")
+    _validate.check_ndim(arc_emit, "arc_emit", (3, 4), "(B, T, U+1, De) or (B, T, U+1)")
+    bd = _durations(blank_durations, "blank_durations", 1)
+    ed = _durations(emit_durations, "emit_durations", 0)
+    # (B, T, U+1): one arc of each kind per state, as transducer_arc_logprobs gives them.
+    if arc_blank.dim() == 3:
+        if len(bd) != 1:
+            raise InputError(f"arc_blank (B, T, U+1) holds one arc per state: blank_durations "
+                             f"must hold one duration, got {len(bd)}")
+        arc_blank = arc_blank.unsqueeze(3)
+    if arc_emit.dim() == 3:
+        if len(ed) != 1:
+            raise InputError(f"arc_emit (B, T, U+1) holds one arc per state: emit_durations "
+                             f"must hold one duration, got {len(ed)}")
+        arc_emit = arc_emit.unsqueeze(3)
     sb, se = arc_blank.shape, arc_emit.shape
     if se[0] != sb[0] or se[1] != sb[1] or se[2] != sb[2]:  # (torch.Size slices: ~1 us)
         raise InputError(
@@ -91,8 +104,6 @@ def _checked_args(arc_blank, arc_emit, logit_lengths, target_lengths, blank_dura
         )
     if arc_emit.device != arc_blank.device:
         raise InputError(f"arc_emit is on {arc_emit.device}, arc_blank on {arc_blank.device}")
-    bd = _durations(blank_durations, "blank_durations", 1)
-    ed = _durations(emit_durations, "emit_durations", 0)
     if arc_blank.shape[3] != len(bd):
         raise InputError(
             f"arc_blank.size(3) = {arc_blank.shape[3]} must equal len(blank_durations) = {len(bd)}"
@@ -127,9 +138,11 @@ def transducer_lattice(
     Args:
         arc_blank: ``(B, T, U+1, Db)`` scores of the blank-like arcs; arc ``i`` goes
             ``(t, u) -> (t + blank_durations[i], u)``, allowed when ``t + d_i <= T_b``.
+            ``(B, T, U+1)`` is one arc per state (``Db = 1``).
         arc_emit: ``(B, T, U+1, De)`` scores of the emission arcs; arc ``j`` goes
             ``(t, u) -> (t + emit_durations[j], u + 1)``, allowed when ``u < U_b``
-            and ``t + e_j < T_b`` (``<= T_b`` with ``emit_can_end``).
+            and ``t + e_j < T_b`` (``<= T_b`` with ``emit_can_end``). ``(B, T, U+1)``
+            is one arc per state (``De = 1``).
         logit_lengths: ``(B,)`` frames ``T_b <= T``.
         target_lengths: ``(B,)`` labels ``U_b <= U``.
         blank_durations: ``Db`` frame advances, each ``>= 1`` (RNN-T: ``(1,)``).
@@ -158,7 +171,10 @@ def transducer_lattice(
     gradient is within ~2e-7 of float64's at T = 4000), each result rounded once.
 
     RNN-T is ``blank_durations=(1,)``, ``emit_durations=(0,)`` with
-    ``arc_blank = log p(blank)`` and ``arc_emit = log p(y_{u+1})``.
+    ``arc_blank = log p(blank)`` and ``arc_emit = log p(y_{u+1})``: the two outputs of
+    :func:`seqloss.transducer_arc_logprobs`, so
+    ``transducer_lattice(*transducer_arc_logprobs(logits, targets, T, U), T, U)`` is
+    ``-rnnt_loss(logits, targets, T, U, reduction="none")``.
 
     Backends: reference (any device), numba (CPU), triton (CUDA).
     Properties: autograd (double backward raises), torch.compile (fullgraph).
