@@ -156,6 +156,30 @@ def test_doctor_unusable_files_exit_2(tmp_path, capsys):
     assert "expected a dict" in err and "'kind' must be" in err
 
 
+def test_doctor_bad_calls_fail_before_any_kernel_loads(tmp_path):
+    """A missing file, a directory, a bad option or a file without a usable 'kind' fails
+    with its one-line reason (exit 2) before any kernel or compiler module is imported:
+    such a call costs the imports of torch and seqloss, not a compilation."""
+    torch.save({"kind": "warp"}, tmp_path / "kind.pt")
+    calls = [
+        (["doctor", str(tmp_path / "missing.pt")], "no such file"),
+        (["doctor", str(tmp_path)], "it is a directory"),
+        (["doctor", "--backend", "cuda", str(tmp_path / "missing.pt")], "invalid choice"),
+        (["doctor", "--jsn", str(tmp_path / "missing.pt")], "unrecognized arguments: --jsn"),
+        (["doctor", str(tmp_path / "kind.pt")], "'kind' must be one of"),
+    ]
+    heavy = ("numba", "llvmlite", "triton", "torch._dynamo", "seqloss.ctc.numba_cpu",
+             "seqloss.transducer.lattice.numba_cpu", "seqloss.transducer.joint.numba_cpu")
+    code = ("import sys\nfrom seqloss import cli\ntry:\n    rc = cli.main(sys.argv[1:])\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            f"print(rc, [m for m in {heavy!r} if m in sys.modules])")
+    for argv, why in calls:
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                           timeout=300)
+        assert r.stdout.split("\n")[0] == "2 []", (argv, r.stdout, r.stderr)
+        assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
+
+
 def test_doctor_rnnt(tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 4, 3, 5, generator=g)
