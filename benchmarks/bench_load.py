@@ -8,7 +8,8 @@ here; each also stops by itself after ``--busy-s`` seconds or when its parent is
 
 - the tiny call: ``rnnt_loss`` B=1, T=20, U=5, V=32 plus ``ctc_loss`` B=1, T=20, C=32,
   S=5 on log-probabilities, forward and backward; the median of ``--calls`` calls, idle
-  and beside TWO busy processes (target: loaded within 3x of idle);
+  and beside TWO busy processes (target: loaded within 3x of idle), and loaded on one
+  thread (no parallel region to wait on: the floor on a busy machine);
 - the pruned pipeline (``rnnt_loss_simple`` -> ``get_rnnt_prune_ranges`` ->
   ``do_rnnt_pruning`` -> ``rnnt_loss_pruned``) and the full-joint ``rnnt_loss``, B=8,
   T=300, S=60, C=500, s_range=5, interleaved, medians of ``--repeat``; idle and beside
@@ -137,6 +138,10 @@ def child(calls: int, repeat: int, threads: int, busy_s: float) -> None:
     for busy in (0, 2):
         with Busy(busy, busy_s):
             out[f"tiny busy{busy}"] = _times(tiny, calls)
+            if busy:  # the same call on one thread: what is left when no region waits
+                torch.set_num_threads(1)
+                out["tiny busy2 1thread"] = _times(tiny, calls)
+                torch.set_num_threads(threads)
     for busy in (0, 1):
         with Busy(busy, busy_s):
             t = interleaved_times({"pipeline": pipeline, "full": full}, repeat)
@@ -153,7 +158,7 @@ def _worktree(repo: str, rev: str, where: str) -> str:
     return path
 
 
-def _report(name: str, rounds: list[dict]) -> None:
+def _report(name: str, rounds: list[dict], threads: int) -> None:
     def med(key):  # the median over rounds of each round's median; the minimum of all
         return (statistics.median(statistics.median(r[key]) for r in rounds),
                 min(min(r[key]) for r in rounds))
@@ -172,7 +177,9 @@ def _report(name: str, rounds: list[dict]) -> None:
         print(f"| {label}, {busy} busy | {i[0]:.3f} / {i[1]:.3f} | {b[0]:.3f} / {b[1]:.3f} "
               f"| {b[0] / i[0]:.2f}x |")
     (ti, tb), (pi, pb), (fi, fb) = rows["tiny"], rows["pipeline"], rows["full"]
-    print(f"{name}: tiny call loaded / idle = {tb / ti:.2f}x (target <= 3x)")
+    t1 = med("tiny busy2 1thread")[0]
+    print(f"{name}: tiny call loaded / idle = {tb / ti:.2f}x (target <= 3x); loaded, "
+          f"{threads} threads / 1 thread = {tb / t1:.2f}x")
     print(f"{name}: full joint / pipeline idle = {fi / pi:.2f}x, "
           f"with 1 busy process = {fb / pb:.2f}x (target >= 3x loaded)")
 
@@ -218,7 +225,7 @@ def main() -> None:
                 subprocess.run(["git", "-C", repo, "worktree", "remove", "--force", path],
                                check=False)
     for k, rounds in results.items():
-        _report(k, rounds)
+        _report(k, rounds, a.threads)
 
 
 if __name__ == "__main__":
