@@ -84,3 +84,35 @@ def test_the_team_is_torchs_own_runtime():
         assert out == {j: float(j) ** 0.5 for j in range(64)}
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("work", [99, 100])
+def test_small_work_runs_inline_in_order(workers, work):
+    """Under ``inline_below`` every job runs on the calling thread, in the given order
+    (``order`` ignored: nothing to balance); at the threshold the workers take part."""
+    ran: list[tuple[int, int]] = []
+
+    def job(j):
+        time.sleep(0.002)  # releases the GIL: a worker, if any, takes jobs
+        ran.append((j, threading.get_native_id()))
+
+    numba_pool.run_jobs(job, (), range(12), order=list(range(12)), work=work, inline_below=100)
+    assert sorted(j for j, _ in ran) == list(range(12))
+    threads = {t for _, t in ran}
+    if work < 100:
+        assert ran == [(j, threading.get_native_id()) for j in range(12)]
+    else:
+        assert len(threads) == 2 and threading.get_native_id() in threads
+
+
+def test_an_error_in_an_inline_job_reaches_the_caller():
+    done: list[int] = []
+
+    def job(j):
+        if j == 3:
+            raise KeyError("job 3")
+        done.append(j)
+
+    with pytest.raises(KeyError, match="job 3"):
+        numba_pool.run_jobs(job, (), range(8), work=0)
+    assert done == [0, 1, 2]  # the jobs after it never ran

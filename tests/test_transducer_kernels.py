@@ -747,7 +747,12 @@ def test_row_widths_against_float64(V):
 @numba_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_same_bits_for_any_thread_count(dtype):
-    x, tg, il, tl = _rows_batch(3, 40, 12, 64, seed=3, dtype=dtype)
+    from seqloss._core.numba_pool import CELL, INLINE_WORK
+
+    # Big enough that every pass, the lattice's too, runs on the pool at 2 threads.
+    B, T, U = 3, 200, 40
+    assert B * T * (U + 1) * CELL >= INLINE_WORK
+    x, tg, il, tl = _rows_batch(B, T, U, 64, seed=3, dtype=dtype)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

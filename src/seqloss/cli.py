@@ -74,6 +74,11 @@ def _numpy_globals() -> list:
 
 def _load_args(path: str) -> dict | str:
     """The saved dict, or a one-line reason it cannot be used."""
+    # A path that cannot be a file fails before torch.load is reached.
+    if not os.path.exists(path):
+        return f"cannot read {path}: no such file"
+    if os.path.isdir(path):
+        return f"cannot read {path}: it is a directory"
     import torch
 
     try:
@@ -101,13 +106,13 @@ def _load_args(path: str) -> dict | str:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    prog = "seqloss doctor"
+    loaded = _load_args(args.file)  # a bad file fails before the loss's modules load
+    if isinstance(loaded, str):
+        return _fail(prog, loaded)
     from ._core.errors import InputError
     from .diagnose import diagnose
 
-    prog = "seqloss doctor"
-    loaded = _load_args(args.file)
-    if isinstance(loaded, str):
-        return _fail(prog, loaded)
     kwargs = dict(loaded)
     kind = kwargs.pop("kind")
     kwargs.pop("reduction", None)

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 import torch
 
-from .._core.numba_pool import own_lines, run_jobs
+from .._core.numba_pool import CELL, own_lines, run_jobs
 
 
 @numba.njit(nogil=True, cache=True)
@@ -106,5 +106,5 @@ def ctc_align_forward(
     il, tl = own_lines(_np(input_lengths.cpu())), own_lines(_np(target_lengths.cpu()))
     run_jobs(ctc_align_kernel,
              (_np(lp), _np(targets.contiguous()), il, tl, blank, _np(labels), _np(scores)),
-             range(B), order=il * (2 * tl + 1))
+             range(B), order=il * (2 * tl + 1), work=CELL * float(np.dot(il, 2 * tl + 1)))
     return labels, scores

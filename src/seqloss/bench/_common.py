@@ -139,6 +139,17 @@ def mem_child_main(impls: dict[str, Factory], argv: Sequence[str],
 
 
 # --------------------------------------------------------------------------- reporting
+def faster(ratio: float) -> str:
+    """``other time / our time`` in words: ``"3.1x faster"``, or ``"2.5x slower"`` below 1
+    (a ratio of 0.4 is not "0.4x faster")."""
+    return f"{ratio:.1f}x faster" if ratio >= 1 else f"{1 / ratio:.1f}x slower"
+
+
+def less_memory(ratio: float) -> str:
+    """``other peak / our peak`` in words: ``"5.2x less"``, or ``"1.3x more"`` below 1."""
+    return f"{ratio:.1f}x less" if ratio >= 1 else f"{1 / ratio:.1f}x more"
+
+
 def machine_info() -> dict:
     info = {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count(),

@@ -224,8 +224,9 @@ class Variant:
             elif p["peer"] in target:
                 want = target[p["peer"]]
                 ok = p["ratio"] >= want
-                lines.append(f"{p['case']}: {self.name} {p['ratio']:.1f}x faster than "
-                             f"{p['peer']} (target >= {want:.0f}x) {'ok' if ok else 'MISSED'}")
+                lines.append(f"{p['case']}: {self.name} {_common.faster(p['ratio'])} than "
+                             f"{p['peer']} (target >= {want:.0f}x faster) "
+                             f"{'ok' if ok else 'MISSED'}")
         return lines
 
     def main(self, argv: list[str]) -> None:

@@ -44,7 +44,7 @@ from numba import njit
 
 from ..._core import buffers
 from ..._core.numba_exp import vexp
-from ..._core.numba_pool import own_lines, run_jobs
+from ..._core.numba_pool import CELL, own_lines, run_jobs
 from ..lattice.numba_cpu import LOG, sweep, transducer_lattice
 from .numba_rows import RowPasses, _flat, _rows_of, grad_row, rows_ok
 
@@ -414,7 +414,8 @@ def _forward_table(
         Tla, Ula = own_lines(np.asarray(Tl, dtype=i64)), own_lines(np.asarray(Ul, dtype=i64))
         run_jobs(_duration_job, (dur_logits.detach().numpy(), Tla, Ula, bool(fused_log_softmax),
                                  sd.numpy(), dur_bad),
-                 range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
+                 range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)],
+                 work=CELL * sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)))
     _table_prologue(logits, dur_logits, tg, Tl, Ul, offs, table, fused_log_softmax,
                     grad_tok, rows if whole else None, row_sum, sb, se, sd, skip, dur_bad)
 
@@ -550,7 +551,9 @@ def _table_lattice(sb, se, sd, row_sum, tg, Tl, Ul, offs, T, table, fused_log_so
               own_lines(np.asarray(uniq, dtype=i64)), gt, V, W, gd, Wd, cd,
               own_lines(np.asarray(base, dtype=i64)), own_lines(np.asarray(st, dtype=i64)),
               _TINY[dtype]),
-             range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
+             range(B), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)],
+             work=(CELL + (W if compute_grad else 0))
+             * sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)))
     return ll
 
 
@@ -836,7 +839,8 @@ def _duration_grads(grad_dur, sd, occ_b, occ_e, Tl, Ul, offs, table, fused_log_s
               own_lines(np.asarray(edl, i64)), bool(fused_log_softmax),
               1.0 + table.fastemit_lambda, float(table.clamp), float(grad_scale),
               _TINY[grad_dur.dtype], _flat(gd), *addr, own_lines(skip)),
-             range(len(Tl)), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)])
+             range(len(Tl)), order=[tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)],
+             work=CELL * sum(tb * (ub + 1) for tb, ub in zip(Tl, Ul, strict=True)))
     for b in range(len(Tl)):
         tb, ub = Tl[b], Ul[b]
         if not direct and tb and not skip[b]:

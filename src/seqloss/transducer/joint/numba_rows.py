@@ -630,7 +630,7 @@ class RowPasses:
             run_jobs(_logprob_prologue_job, (*self._addr(self.x), self.V, jb, j0, j1, self.ub1,
                                              self.ro, self.rst, bad, tgn, cls, Tla, sigma, dp,
                                              abn, aen),
-                     range(len(cost)), order=cost)
+                     range(len(cost)), order=cost, work=sum(cost) * self.V)
         elif cost:
             xa = self._addr(self.x)
             same = g is not None and self._same(g)
@@ -643,12 +643,12 @@ class RowPasses:
                                              jb, j0, j1, self.ub1, self.rm, self.rs, self.ro,
                                              self.rst, self.hat_lsb.view(-1).numpy(), bad,
                                              arg[0], tgn, Tla, sigma, dp, abn, aen),
-                         range(len(cost)), order=cost)
+                         range(len(cost)), order=cost, work=sum(cost) * self.V)
             else:
                 run_jobs(_prologue_job, (*xa, g is not None, bool(same), *ga, self.V, jb, j0,
                                          j1, self.ub1, self.rm, self.rs, self.ro, self.rst, bad,
                                          *arg),
-                         range(len(cost)), order=cost)
+                         range(len(cost)), order=cost, work=sum(cost) * self.V)
         seq_bad = np.zeros(len(self.Tl), bool)
         np.logical_or.at(seq_bad, jb[: len(cost)], bad.astype(bool))
         return seq_bad
@@ -684,13 +684,13 @@ class RowPasses:
                        else (_hat_epilogue_any_job, (*ga, gsv)))
             run_jobs(job, (*ga, self.V, self.hat_blank, jb, j0, j1, self.ub1, ue, self.rs,
                            self.ro, self.rst, *occ, self.hat_lsb.view(-1).numpy(), tgn, *fl),
-                     range(len(cost)), order=cost)
+                     range(len(cost)), order=cost, work=sum(cost) * self.V)
             return
         job, ga, last = ((_epilogue_job, ga, ()) if gsv == 1 and scaled
                          else (_epilogue_any_job, (*ga, gsv), (bool(scaled),)))
         run_jobs(job, (*ga, self.V, jb, j0, j1, self.ub1, ue, self.rs, self.ro, self.rst, *occ,
                        own_lines(np.asarray(cls, np.int64)), tgn, *fl, *last),
-                 range(len(cost)), order=cost)
+                 range(len(cost)), order=cost, work=sum(cost) * self.V)
 
     def _window_jobs(self, b: int, t0: int, t1: int) -> tuple:
         """``self.jobs`` for sequence ``b``'s frames ``t0 <= t < t1`` alone."""
@@ -764,7 +764,7 @@ def window_arcs(x: torch.Tensor, sym: torch.Tensor, term: int
                                V, sym.to(torch.int64).contiguous().view(-1).numpy(), int(term),
                                px.view(-1).numpy(), py.view(-1).numpy(), lz.view(-1).numpy(),
                                step),
-                 range((N + step - 1) // step))
+                 range((N + step - 1) // step), work=N * V)
     return px, py, lz
 
 
@@ -895,5 +895,5 @@ def joint_tile_grad(x: torch.Tensor, lz: torch.Tensor, lzd: torch.Tensor | None,
                          occn, own_lines(np.asarray(cls, i64)), own_lines(np.arange(D, dtype=i64)),
                          tgn, int(hat_blank), own_lines(np.asarray(clamp, f64)),
                          gscale.to(torch.float64).contiguous().numpy(), step),
-             range((nb * NT + step - 1) // step))
+             range((nb * NT + step - 1) // step), work=R * W)
     return out

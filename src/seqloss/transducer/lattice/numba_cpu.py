@@ -17,7 +17,7 @@ import torch
 from numba import literally, njit
 
 from ..._core.numba_exp import vexp, vlog1pexp
-from ..._core.numba_pool import own_lines, run_jobs
+from ..._core.numba_pool import CELL, own_lines, run_jobs
 from .reference import viterbi_order
 
 NEG_INF = float("-inf")
@@ -379,7 +379,7 @@ def transducer_lattice(
              (ab.numpy(), ae.numpy(), Tl, Ul, own_lines(np.arange(len(bd), dtype=np.int64)),
               own_lines(np.arange(len(ed), dtype=np.int64)), nq, bd, ed, ce, alpha.numpy(),
               beta.numpy(), ll.numpy()),
-             jobs, order=cost)
+             jobs, order=cost, work=CELL * len(bd) * sum(cost))
     ll_out = ll if dt == torch.float64 else torch.from_numpy(ll.numpy().astype(np.float32))
     if not compute_occupations:
         return ll_out, arc_blank.new_empty(0), arc_emit.new_empty(0)
@@ -389,14 +389,14 @@ def transducer_lattice(
         run_jobs(_rnnt_occupation_kernel,
                  (ab.numpy()[..., 0], ae.numpy()[..., 0], Tl, Ul, alpha.numpy(), beta.numpy(),
                   ll.numpy(), occ_b.numpy()[..., 0], occ_e.numpy()[..., 0]),
-                 range(B), order=Tl * (Ul + 1))
+                 range(B), order=Tl * (Ul + 1), work=CELL * float(np.dot(Tl, Ul + 1)))
     else:
         occ_b = torch.empty(ab.shape, dtype=occupation_dtype or dt)
         occ_e = torch.empty(ae.shape, dtype=occupation_dtype or dt)
         run_jobs(transducer_occupation_kernel,
                  (ab.numpy(), ae.numpy(), Tl, Ul, bd, ed, ce, alpha.numpy(), beta.numpy(),
                   ll.numpy(), occ_b.numpy(), occ_e.numpy()),
-                 range(B), order=Tl * (Ul + 1))
+                 range(B), order=Tl * (Ul + 1), work=CELL * float(np.dot(Tl, Ul + 1)))
     return ll_out, occ_b, occ_e
 
 
@@ -487,5 +487,5 @@ def transducer_viterbi(
               own_lines(np.asarray(blank_durations, dtype=np.int64)),
               own_lines(np.asarray(emit_durations, dtype=np.int64)), kind, idx, dur,
               int(bool(emit_can_end)), score.numpy(), fr.numpy(), ar.numpy()),
-             range(B), order=Tl * (Ul + 1))
+             range(B), order=Tl * (Ul + 1), work=CELL * float(np.dot(Tl, Ul + 1)))
     return score, frames, arcs
