@@ -491,9 +491,11 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
         ahead.close()
     total = time.perf_counter() - t_start
     first = sum(FIRST_STEP_S.values())
-    # Only worth a word when it was a fresh cache's compile (a warm first step: ~10 ms).
-    note = (f" ({first:.0f} s of it the models' first steps: Numba compiling seqloss's "
-            "kernels, once; a second run loads them from the cache)") if first > 2 else ""
+    # Worth a word when it took seconds: a fresh install's compile (loading the cached
+    # kernels takes about a second; more on a busy machine).
+    note = (f" ({first:.0f} s of it the models' first steps, where Numba compiles seqloss's "
+            "kernels on a fresh install and loads them from its cache afterwards)"
+            ) if first > 2 else ""
     console.print(f"demo finished in {total:.1f} s{note}")
     return 0
 
