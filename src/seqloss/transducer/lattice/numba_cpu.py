@@ -111,8 +111,8 @@ def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward, semiring):
     ring[:] = NEG_INF
     # Per slot: the states written ([wlo, whi], cleared before reuse) and the reachable
     # ones ([rlo, rhi], not -inf), in j.
-    lims = np.empty(4 * R, np.int64)
-    wlo, whi, rlo, rhi = lims[:R], lims[R:2 * R], lims[2 * R:3 * R], lims[3 * R:]
+    wlo, whi = np.empty(R, np.int64), np.empty(R, np.int64)
+    rlo, rhi = np.empty(R, np.int64), np.empty(R, np.int64)
     for k in range(R):
         wlo[k], whi[k], rlo[k], rhi[k] = 0, -1, 0, -1
     W1 = Ub + 1
