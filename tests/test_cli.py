@@ -669,4 +669,13 @@ def test_demo_reports_tdt_steps(tmp_path):
         numba.set_num_threads(nthreads)
     text = console.export_text()
     assert "TDT loss (per label) falling" in text and "steps per frame" in text
+    # Each model's first step (where a fresh install compiles) is timed, and its bar is
+    # relabelled after it; the compile note appears only when those steps took seconds.
+    from seqloss.demo.run import FIRST_STEP_S
+
+    assert set(FIRST_STEP_S) == {"CTC", "RNN-T", "TDT"}
+    assert all(s >= 0 for s in FIRST_STEP_S.values())
+    assert "CTC   training" in text
+    last = text[text.rindex("demo finished in"):]
+    assert ("Numba compiles" in last) == (sum(FIRST_STEP_S.values()) > 2)
     assert "TDT decodes in" in text and "where RNN-T takes" in text

@@ -73,6 +73,26 @@ def _ler(truth: list[list[int]], hyp: list[list[int]]) -> float:
     return err / max(1, sum(len(r) for r in truth))
 
 
+# Seconds of each model's first training step (label -> s): on a fresh install, mostly
+# Numba compiling the kernels it reaches; the end of the demo says how much.
+FIRST_STEP_S: dict[str, float] = {}
+# The bar's label during the first step, which waits for that compile.
+COMPILING = "(first step: compiling kernels, once)"
+
+
+class _FirstStep:
+    """Times step 0 into ``FIRST_STEP_S[label]`` and relabels the bar after it."""
+
+    def __init__(self, prog: Progress, task, label: str) -> None:
+        self.prog, self.task, self.label = prog, task, label
+        self.t0 = time.perf_counter()
+
+    def done(self, step: int) -> None:
+        if step == 0:
+            FIRST_STEP_S[self.label.strip()] = time.perf_counter() - self.t0
+            self.prog.update(self.task, description=f"{self.label} training")
+
+
 def train_ctc(steps: int, seed: int, backend: str,
               console: Console) -> tuple[D.TinyCTC, list[float]]:
     torch.manual_seed(seed)
@@ -81,8 +101,9 @@ def train_ctc(steps: int, seed: int, backend: str,
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses: list[float] = []
     with _progress(console) as prog:
-        task = prog.add_task("CTC   training", total=steps, loss=float("nan"))
-        for _ in range(steps):
+        task = prog.add_task(f"CTC   {COMPILING}", total=steps, loss=float("nan"))
+        first = _FirstStep(prog, task, "CTC  ")
+        for step in range(steps):
             b = make_train_batch(g)
             loss = seqloss.ctc_loss(model(b.x), b.targets, b.input_lengths, b.target_lengths,
                                     blank=D.BLANK, backend=backend)
@@ -90,6 +111,7 @@ def train_ctc(steps: int, seed: int, backend: str,
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()))
+            first.done(step)
             prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
     return model, losses
 
@@ -101,8 +123,9 @@ def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: 
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses: list[float] = []
     with _progress(console) as prog:
-        task = prog.add_task(f"{label} training", total=steps, loss=float("nan"))
-        for _ in range(steps):
+        task = prog.add_task(f"{label} {COMPILING}", total=steps, loss=float("nan"))
+        first = _FirstStep(prog, task, label)
+        for step in range(steps):
             b = make_train_batch(g)
             logits = model(b.x, b.targets)
             loss = loss_fn(logits, b)
@@ -111,6 +134,7 @@ def _train_transducer(model: D.TinyRNNT, loss_fn, label: str, steps: int, seed: 
             loss.backward()
             opt.step()
             losses.append(float(loss.detach()) / float(b.target_lengths.float().mean()))
+            first.done(step)
             prog.update(task, advance=1, loss=statistics.fmean(losses[-10:]))
     return losses
 
@@ -421,7 +445,12 @@ class _Ahead:
         except OSError:
             self.proc = None
 
-    def wait(self, group: str) -> None:
+    def wait(self, group: str, console: Console | None = None) -> None:
+        if console is not None and self.proc is not None and group not in self.done:
+            with console.status(f"the {group} kernels are compiling in the background "
+                                "(first run only)"):
+                self.wait(group)
+            return
         while self.proc is not None and group not in self.done:
             line = self.proc.stdout.readline()
             if not line:  # ended early (e.g. no cache to write): compile what is left here
@@ -455,11 +484,19 @@ def run_demo(steps: int = DEFAULT_STEPS, out: str = "seqloss-demo", seed: int = 
 
     name = resolve_backend(backend, torch.device("cpu"))
     ahead = _Ahead(backend, enabled=name == "numba")
+    FIRST_STEP_S.clear()
     try:
         _tour(steps, out, seed, backend, name, console, ahead)
     finally:
         ahead.close()
-    console.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
+    total = time.perf_counter() - t_start
+    first = sum(FIRST_STEP_S.values())
+    # Worth a word when it took seconds: a fresh install's compile (loading the cached
+    # kernels takes about a second; more on a busy machine).
+    note = (f" ({first:.0f} s of it the models' first steps, where Numba compiles seqloss's "
+            "kernels on a fresh install and loads them from its cache afterwards)"
+            ) if first > 2 else ""
+    console.print(f"demo finished in {total:.1f} s{note}")
     return 0
 
 
@@ -472,10 +509,10 @@ def _tour(steps: int, out: str, seed: int, backend: str, name: str, console: Con
         f"{name}, {steps} steps, seed {seed}."
     )
     if name == "numba":
-        console.print("On a fresh install the first steps of each model wait for Numba to "
-                      "compile seqloss's kernels (cached afterwards; `seqloss warmup` compiles "
-                      "them all ahead)" + (", the RNN-T, TDT and alignment kernels in a "
-                      "background process" if ahead.proc else "") + ".")
+        console.print("First run only: each model's first step waits for Numba to compile "
+                      "seqloss's kernels" + (" (the RNN-T, TDT and alignment ones in a "
+                      "background process)" if ahead.proc else "") + "; they are cached on "
+                      "disk, and `seqloss warmup` builds that cache ahead (e.g. in a Dockerfile).")
     g_test = torch.Generator().manual_seed(seed + 1000)
     test = D.make_batch(N_EVAL, g_test)
 
@@ -491,7 +528,7 @@ def _tour(steps: int, out: str, seed: int, backend: str, name: str, console: Con
                   f"{_ler(truth, hyp):.1%}")
     _undertrained_hint(console, _ler(truth, hyp), steps)
 
-    ahead.wait("rnnt")
+    ahead.wait("rnnt", console)
     rnnt_model, r_losses = train_rnnt(steps, seed, backend, console)
     _heading(console, "RNN-T loss (per label) falling")
     console.print(_loss_table(r_losses, steps))
@@ -502,7 +539,7 @@ def _tour(steps: int, out: str, seed: int, backend: str, name: str, console: Con
                   f"{_ler(truth, r_hyp):.1%}")
     _undertrained_hint(console, _ler(truth, r_hyp), steps)
 
-    ahead.wait("tdt")
+    ahead.wait("tdt", console)
     tdt_model, t_losses = train_tdt(steps, seed, backend, console)
     _heading(console, f"TDT loss (per label) falling (durations {list(tdt_model.durations)})")
     console.print(_loss_table(t_losses, steps))
@@ -528,5 +565,5 @@ def _tour(steps: int, out: str, seed: int, backend: str, name: str, console: Con
     verdict = {True: "right", False: "wrong"}
     note = (f"held-out utterance {b}: CTC greedy {verdict[hyp[b] == truth[b]]}, "
             f"RNN-T greedy {verdict[r_hyp[b] == truth[b]]}")
-    ahead.wait("align")
+    ahead.wait("align", console)
     alignment_png(model, rnnt_model, test, Path(out), console, b=b, note=note)

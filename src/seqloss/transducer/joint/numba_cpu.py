@@ -251,7 +251,8 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
     Db, De = bd.shape[0], ed.shape[0]
     nu, D = uniq.shape[0], sd.shape[3]
     sbb, seb, sdb = sb[b], se[b], sd[b]
-    ecol = np.zeros(De, dtype=np.int64)
+    ecol = np.empty(De, dtype=np.int64)  # np.empty and fills: no np.zeros/np.arange compile
+    ecol[:] = 0
     alpha = np.empty((Tb + 1, Ub + 1), dtype=np.float64)
     beta = np.empty((Tb + 1 if compute_grad else 1, Ub + 1), dtype=np.float64)
     lb = NEG_INF
@@ -266,11 +267,14 @@ def table_lattice_kernel(sb, se, sd, Tl, Ul, bcol, bdl, bd, edl, ed, ce, skip, l
                 return
     # Per frame, each arc's occupations along u (a vectorized float64 exp; the scores
     # are finite or -inf here: a NaN/+inf sequence is skipped, -inf gives exactly 0).
-    occ = np.zeros((Db + De, Ub + 1), dtype=np.float64)
+    occ = np.empty((Db + De, Ub + 1), dtype=np.float64)
+    occ[:] = 0.0
     oc = np.empty(nu, dtype=np.float64)
     od = np.empty((Ub + 1) * D, dtype=np.float64)  # per state of the frame, per duration
     tot = np.empty(Ub + 1, dtype=np.float64)  # the frame's state occupancies
-    pd, dcls = np.empty((Ub + 1) * D, dtype=np.float64), np.arange((Ub + 1) * D)
+    pd, dcls = np.empty((Ub + 1) * D, dtype=np.float64), np.empty((Ub + 1) * D, dtype=np.int64)
+    for k in range(dcls.shape[0]):
+        dcls[k] = k
     for t in range(Tb - 1, -1, -1):
         a = alpha[t]
         for i in range(Db):
@@ -801,7 +805,9 @@ def _duration_grad_job(sd, ob, oe, Tl, Ul, bdl, edl, fused, scale, clamp, gscale
     sdb = sd[b]
     od = np.empty(n * D, dtype=np.float64)
     tot = np.empty(n, dtype=np.float64)
-    p, cls = np.empty(n * D, dtype=np.float64), np.arange(n * D)
+    p, cls = np.empty(n * D, dtype=np.float64), np.empty(n * D, dtype=np.int64)
+    for k in range(cls.shape[0]):
+        cls[k] = k
     for t in range(Tl[b]):
         od[:] = 0.0
         for u in range(n):

@@ -104,7 +104,7 @@ def _prologue_job(x, xo, xst, xsu, write, same, g, go, gst, gsu, V, jb, jt0, jt1
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
-    zero = np.zeros(1, x.dtype)[0]
+    zero = x.dtype.type(0.0)  # (np.zeros: one more overload to compile)
     acc = np.empty(_LANES, x.dtype)
     nbad = 0
     for t in range(jt0[job], jt1[job]):
@@ -158,7 +158,7 @@ def _logprob_prologue_job(x, xo, xst, xsu, V, jb, jt0, jt1, ub1, ro, rst, bad, t
     b = jb[job]
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     r0, rs0 = ro[b], rst[b]
-    zero = np.zeros(1, x.dtype)[0]
+    zero = x.dtype.type(0.0)  # (np.zeros: one more overload to compile)
     acc = np.empty(_LANES, x.dtype)
     nbad = 0
     for t in range(jt0[job], jt1[job]):
@@ -386,8 +386,8 @@ def _hat_prologue_job(x, xo, xst, xsu, write, g, go, gst, gsu, V, blank, jb, jt0
     x0, xs0, xs1 = xo[b], xst[b], xsu[b]
     g0, gs0, gs1 = go[b], gst[b], gsu[b]
     r0, rs0 = ro[b], rst[b]
-    zero = np.zeros(1, x.dtype)[0]
-    ninf = np.full(1, -np.inf, x.dtype)[0]
+    zero = x.dtype.type(0.0)  # (np.zeros: one more overload to compile)
+    ninf = x.dtype.type(-np.inf)
     acc = np.empty(_LANES, x.dtype)
     nbad = 0
     for t in range(jt0[job], jt1[job]):
@@ -728,7 +728,7 @@ def _window_job(x, xs, T, R, V, sym, term, px, py, lz, step, job):
     where the row's maximum is the arc's logit; ``-inf`` for a row of ``-inf``, the rule
     of ``_core/logspace.py``). NaN or ``+inf`` in a row gives NaN arcs."""
     acc = np.empty(_LANES, x.dtype)
-    zero = np.zeros(1, x.dtype)[0]
+    zero = x.dtype.type(0.0)  # (np.zeros: one more overload to compile)
     for i in range(job * step, min(px.shape[0], (job + 1) * step)):
         f = i // R
         o = (f // T) * xs[0] + (f % T) * xs[1] + (i - f * R) * xs[2]

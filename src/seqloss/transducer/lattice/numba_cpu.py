@@ -98,24 +98,28 @@ def sweep(P, E, Q, pc, qc, ec, qe, bd, ed, ce, Tb, Ub, out, backward, semiring):
     literally(semiring)
     Db = bd.shape[0]
     A = Db + ed.shape[0]
-    adv = np.empty(A, dtype=np.int64)  # diagonals each arc advances
+    # Loops and np.empty, not adv.max(), np.full, np.zeros: each such overload is one more
+    # compile (0.1-0.5 s of a fresh cache's first call), for a few values.
+    adv = np.empty(A, np.int64)  # diagonals each arc advances
+    R = 1
     for k in range(A):
         adv[k] = bd[k] if k < Db else ed[k - Db] + 1
-    R = adv.max() + 1
+        R = max(R, adv[k] + 1)
     # The ring, offset by one so that j - 1 = -1 reads an -inf that is never written.
     W = Ub + 2
-    ring = np.full(R * W, NEG_INF)
+    ring = np.empty(R * W, np.float64)
+    ring[:] = NEG_INF
     # Per slot: the states written ([wlo, whi], cleared before reuse) and the reachable
     # ones ([rlo, rhi], not -inf), in j.
-    wlo = np.zeros(R, dtype=np.int64)
-    whi = np.full(R, -1, dtype=np.int64)
-    rlo = np.zeros(R, dtype=np.int64)
-    rhi = np.full(R, -1, dtype=np.int64)
+    wlo, whi = np.empty(R, np.int64), np.empty(R, np.int64)
+    rlo, rhi = np.empty(R, np.int64), np.empty(R, np.int64)
+    for k in range(R):
+        wlo[k], whi[k], rlo[k], rhi[k] = 0, -1, 0, -1
     W1 = Ub + 1
     Pf, Ef, Qf, outf = P.reshape(-1), E.reshape(-1), Q.reshape(-1), out.reshape(-1)
     S = out.shape[1]
-    x = np.empty(A * W1, dtype=np.float64)
-    src_slot = np.empty(A, dtype=np.int64)
+    x = np.empty(A * W1, np.float64)
+    src_slot = np.empty(A, np.int64)
     ring[1] = 0.0
     wlo[0], whi[0], rlo[0], rhi[0] = 0, 0, 0, 0
     if backward:
